@@ -1,0 +1,144 @@
+"""Batched token-in/token-out decoding with a transformers model, for the ``hf`` rollout server.
+
+One call decodes a whole batch of requests, each with its own sampling parameters (temperature, top-p, top-k,
+max tokens), with a KV cache and left padding. It returns, per request, the sampled tokens, the log-probability
+of each under the policy (``log_softmax(logits / temperature)``, which is what verl's actor recomputes, so the
+two can be compared token by token) and why decoding stopped. A ``should_stop`` callback is polled between
+decode steps so a weight sync can abort a running batch and keep the tokens produced so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    # "stop" (an end-of-sequence token), "length" (max_tokens reached) or "abort" (should_stop fired).
+    finish_reason: str = "length"
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) tokens outside each row's top-k and nucleus; rows with k<=0 and p>=1 are untouched."""
+    vocab = logits.shape[-1]
+    sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(-1)
+    remove = ranks >= k
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Keep a token while the mass strictly before it is below top_p (so the top token always survives).
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    remove |= mass_before >= top_p.unsqueeze(-1)
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
+
+
+class BatchedGenerator:
+    """Decodes batches of requests with one model; not thread-safe (the server serialises batches)."""
+
+    def __init__(self, model: torch.nn.Module, eos_token_ids: Sequence[int], pad_token_id: int):
+        self.model = model
+        self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long)
+        self.pad_token_id = pad_token_id
+
+    @torch.no_grad()
+    def generate(
+        self,
+        requests: Sequence[GenerationRequest],
+        should_stop: Optional[Callable[[], bool]] = None,
+        generator: Optional[torch.Generator] = None,
+    ) -> list[GenerationResult]:
+        results = [GenerationResult() for _ in requests]
+        active_idx = [i for i, r in enumerate(requests) if r.max_tokens > 0]
+        if not active_idx:
+            return results
+        batch = [requests[i] for i in active_idx]
+        bsz = len(batch)
+
+        # Left-pad so every row's next token is at the last position.
+        width = max(len(r.prompt_ids) for r in batch)
+        input_ids = torch.full((bsz, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((bsz, width), dtype=torch.long)
+        for row, r in enumerate(batch):
+            input_ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            attention_mask[row, width - len(r.prompt_ids) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+        temperature = torch.tensor([r.temperature if not r.greedy else 1.0 for r in batch], dtype=torch.float32)
+        greedy = torch.tensor([r.greedy for r in batch])
+        top_p = torch.tensor([1.0 if r.greedy else r.top_p for r in batch], dtype=torch.float32)
+        top_k = torch.tensor([-1 if r.greedy else r.top_k for r in batch], dtype=torch.long)
+        max_tokens = torch.tensor([r.max_tokens for r in batch], dtype=torch.long)
+        needs_filter = bool(((top_p < 1.0) | (top_k > 0)).any())
+
+        finished = torch.zeros(bsz, dtype=torch.bool)
+        produced = torch.zeros(bsz, dtype=torch.long)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[:, -1, :]
+
+        for _ in range(int(max_tokens.max())):
+            scaled = logits.float() / temperature.unsqueeze(-1)
+            log_probs = torch.log_softmax(scaled, dim=-1)
+            sample_logits = _filter_top_k_top_p(scaled, top_k, top_p) if needs_filter else scaled
+            sampled = torch.multinomial(torch.softmax(sample_logits, dim=-1), 1, generator=generator).squeeze(-1)
+            tokens = torch.where(greedy, scaled.argmax(dim=-1), sampled)
+            token_log_probs = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+            for row in torch.nonzero(~finished).flatten().tolist():
+                res = results[active_idx[row]]
+                res.token_ids.append(int(tokens[row]))
+                res.log_probs.append(float(token_log_probs[row]))
+            produced += (~finished).long()
+            hit_eos = torch.isin(tokens, self.eos_token_ids) & ~finished
+            hit_len = (produced >= max_tokens) & ~finished & ~hit_eos
+            for row in torch.nonzero(hit_eos).flatten().tolist():
+                results[active_idx[row]].finish_reason = "stop"
+            finished |= hit_eos | hit_len
+            if bool(finished.all()):
+                break
+            if should_stop is not None and should_stop():
+                for row in torch.nonzero(~finished).flatten().tolist():
+                    results[active_idx[row]].finish_reason = "abort"
+                break
+
+            # Finished rows keep decoding a pad token (cheaper than reshaping the cache); their output is ignored.
+            next_tokens = torch.where(finished, torch.full_like(tokens, self.pad_token_id), tokens)
+            attention_mask = torch.cat([attention_mask, torch.ones((bsz, 1), dtype=torch.long)], dim=-1)
+            position_ids = position_ids[:, -1:] + 1
+            out = self.model(
+                input_ids=next_tokens.unsqueeze(-1),
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=past,
+                use_cache=True,
+            )
+            past = out.past_key_values
+            logits = out.logits[:, -1, :]
+        return results
+
+    @torch.no_grad()
+    def score(self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0) -> list[float]:
+        """Log-probabilities of ``response_ids`` given ``prompt_ids`` under this model (teacher forcing)."""
+        ids = torch.tensor([prompt_ids + response_ids], dtype=torch.long)
+        logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / max(temperature, 1e-6)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        return log_probs.gather(-1, torch.tensor(response_ids).unsqueeze(-1)).squeeze(-1).tolist()

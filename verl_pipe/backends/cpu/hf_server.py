@@ -1,0 +1,250 @@
+"""The ``hf`` rollout server: a Ray actor that serves verl's token-in/token-out ``generate`` with transformers.
+
+verl 0.9.1 generates only through rollout *servers* (vLLM, SGLang, TensorRT-LLM), none of which runs on CPU.
+This server speaks the same protocol (``generate(prompt_ids, sampling_params, request_id) -> TokenOutput`` and
+the lifecycle calls the trainers make), so verl's agent loop, load balancer, reward streaming and weight sync
+run unchanged on top of it.
+
+Concurrent requests are batched: each ``generate`` call parks its request in a queue, and one decode loop takes
+everything queued when it becomes free, so requests that arrive while a batch runs join the next batch. Weight
+updates and aborts are serialised against that loop, never against individual requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import ray
+import torch
+
+from verl_pipe.backends.cpu.hf_generation import BatchedGenerator, GenerationRequest, GenerationResult
+
+logger = logging.getLogger("verl_pipe")
+
+
+def server_actor_name(replica_rank: int, is_reward_model: bool = False, name_suffix: str = "") -> str:
+    kind = "reward_" if is_reward_model else ""
+    return f"verl_pipe_hf_server_{kind}{replica_rank}{name_suffix}"
+
+
+@dataclass
+class _Pending:
+    request: GenerationRequest
+    future: asyncio.Future
+
+
+class HFRolloutServer:
+    """Serves one rollout replica from a transformers model held in this actor's memory."""
+
+    def __init__(self, config: Any, model_config: Any, replica_rank: int = 0, max_batch_size: int = 64):
+        from transformers import AutoModelForCausalLM
+
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig, RolloutConfig
+
+        self.config: RolloutConfig = omega_conf_to_dataclass(config, dataclass_type=RolloutConfig)
+        self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.replica_rank = replica_rank
+        self.max_batch_size = max(1, min(max_batch_size, self.config.max_num_seqs))
+        torch.manual_seed(self.config.seed + replica_rank)
+        if os.environ.get("VERL_PIPE_ROLLOUT_THREADS"):
+            torch.set_num_threads(int(os.environ["VERL_PIPE_ROLLOUT_THREADS"]))
+
+        dtype = getattr(torch, str(self.config.dtype)) if self.config.dtype else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_config.local_path, dtype=dtype, attn_implementation="sdpa"
+        ).eval()
+        tokenizer = self.model_config.tokenizer
+        eos_ids = set()
+        gen_eos = getattr(self.model_config.generation_config, "eos_token_id", None)
+        for value in (gen_eos, getattr(tokenizer, "eos_token_id", None), self.model.config.eos_token_id):
+            if isinstance(value, int):
+                eos_ids.add(value)
+            elif value:
+                eos_ids.update(int(v) for v in value)
+        pad_id = getattr(tokenizer, "pad_token_id", None)
+        self.generator = BatchedGenerator(self.model, sorted(eos_ids), pad_id if pad_id is not None else min(eos_ids))
+
+        self.global_steps: Optional[int] = None
+        self._queue: list[_Pending] = []
+        self._queue_event = asyncio.Event()
+        self._engine_lock = asyncio.Lock()  # held by a running batch and by weight updates
+        self._generation_allowed = asyncio.Event()
+        self._generation_allowed.set()
+        self._abort_requested = False
+        self._rejecting = False
+        self._staged_weights: dict[str, torch.Tensor] = {}
+        self._loop_task: Optional[asyncio.Task] = None
+        self.stats = {"batches": 0, "requests": 0, "max_batch": 0, "tokens": 0, "weight_updates": 0}
+
+    # ---- generation -------------------------------------------------------------------------------------------
+
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Optional[list[Any]] = None,
+        video_data: Optional[list[Any]] = None,
+        **kwargs: Any,
+    ):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data or video_data or kwargs.get("audio_data"):
+            raise NotImplementedError("the hf rollout server serves text-only models")
+        while not self._generation_allowed.is_set():
+            if self._rejecting:
+                return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
+            await self._generation_allowed.wait()
+
+        prompt_ids = list(prompt_ids)
+        budget = self.config.prompt_length + self.config.response_length - len(prompt_ids)
+        max_tokens = min(int(sampling_params.get("max_tokens") or self.config.response_length), budget)
+        if self.config.max_model_len:
+            max_tokens = min(max_tokens, self.config.max_model_len - len(prompt_ids))
+        request = GenerationRequest(
+            prompt_ids=prompt_ids,
+            max_tokens=max(0, max_tokens),
+            temperature=float(sampling_params.get("temperature", 1.0)),
+            top_p=float(sampling_params.get("top_p", 1.0)),
+            top_k=int(sampling_params.get("top_k", -1) or -1),
+        )
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(request, future))
+        self._queue_event.set()
+        self._ensure_loop()
+        result: GenerationResult = await future
+        want_log_probs = bool(sampling_params.get("logprobs", False))
+        return TokenOutput(
+            token_ids=result.token_ids,
+            log_probs=result.log_probs if want_log_probs else None,
+            # verl's servers report "completed" for both EOS and length; we keep the detail in extra_fields.
+            stop_reason="aborted" if result.finish_reason == "abort" else "completed",
+            extra_fields={"global_steps": self.global_steps, "finish_reason": result.finish_reason},
+        )
+
+    async def _batch_loop(self) -> None:
+        while True:
+            await self._queue_event.wait()
+            await self._generation_allowed.wait()
+            async with self._engine_lock:
+                if not self._generation_allowed.is_set():
+                    continue  # an abort slipped in while we waited for the lock
+                batch, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
+                if not self._queue:
+                    self._queue_event.clear()
+                if not batch:
+                    continue
+                try:
+                    results = await asyncio.to_thread(
+                        self.generator.generate, [p.request for p in batch], lambda: self._abort_requested
+                    )
+                except Exception as error:  # surface the failure to every waiting request, never hang them
+                    for pending in batch:
+                        if not pending.future.done():
+                            pending.future.set_exception(error)
+                    continue
+            self.stats["batches"] += 1
+            self.stats["requests"] += len(batch)
+            self.stats["max_batch"] = max(self.stats["max_batch"], len(batch))
+            for pending, result in zip(batch, results):
+                self.stats["tokens"] += len(result.token_ids)
+                if not pending.future.done():
+                    pending.future.set_result(result)
+
+    # ---- weights ----------------------------------------------------------------------------------------------
+
+    async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+        """Stage one bucket of full (unsharded) weights; :meth:`finish_weight_update` applies them."""
+        for name, tensor in named_tensors:
+            self._staged_weights[name] = tensor
+        return len(named_tensors)
+
+    async def finish_weight_update(self, global_steps: Optional[int] = None) -> dict[str, Any]:
+        """Apply the staged weights between batches and record the policy version they represent."""
+        async with self._engine_lock:
+            # state_dict keeps every name of a tied tensor (lm_head.weight and embed_tokens.weight).
+            params = self.model.state_dict(keep_vars=True)
+            unknown = sorted(set(self._staged_weights) - set(params))
+            if unknown:
+                self._staged_weights.clear()
+                raise KeyError(f"weight sync sent tensors the rollout model does not have: {unknown[:5]}")
+            with torch.no_grad():
+                for name, tensor in self._staged_weights.items():
+                    params[name].copy_(tensor.to(params[name].dtype))
+            updated = len(self._staged_weights)
+            self._staged_weights.clear()
+            if global_steps is not None:
+                self.global_steps = global_steps
+            self.stats["weight_updates"] += 1
+        return {"updated_tensors": updated, "global_steps": self.global_steps}
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    # ---- lifecycle calls verl makes on every rollout server ---------------------------------------------------
+
+    async def abort_all_requests(self, reject_request: bool = False) -> None:
+        """Stop the running batch (its tokens so far return as "aborted") and hold new requests until resume."""
+        self._generation_allowed.clear()
+        self._rejecting = reject_request
+        self._abort_requested = True
+        async with self._engine_lock:  # wait for the running batch to notice and return
+            queued, self._queue = self._queue, []
+            self._queue_event.clear()
+            for pending in queued:
+                if not pending.future.done():
+                    pending.future.set_result(GenerationResult(finish_reason="abort"))
+        self._abort_requested = False
+
+    async def resume_generation(self) -> None:
+        self._rejecting = False
+        self._generation_allowed.set()
+
+    # The model lives in host memory, so sleeping and KV-cache release have nothing to free.
+    async def wake_up(self) -> None:
+        return None
+
+    async def sleep(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+    # ---- introspection (tests, the benchmark, debugging) ------------------------------------------------------
+
+    async def get_stats(self) -> dict[str, Any]:
+        return dict(self.stats, global_steps=self.global_steps)
+
+    async def score(self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0) -> list[float]:
+        """Log-probs of a fixed sequence under the served weights (used to verify weight sync)."""
+        async with self._engine_lock:
+            return await asyncio.to_thread(self.generator.score, prompt_ids, response_ids, temperature)
+
+    def get_server_address(self) -> tuple[str, int]:
+        # There is no HTTP endpoint: verl reaches this server through its actor handle only.
+        return ray.util.get_node_ip_address().strip("[]"), 0
+
+    async def wall_time(self) -> float:
+        return time.time()

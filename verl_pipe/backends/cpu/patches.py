@@ -1,0 +1,213 @@
+"""The few monkeypatches verl 0.9.x needs to run its real dataflow on the CPU platform.
+
+Each patch is a :class:`CpuPatch`: a fingerprint of the verl source it replaces (so a verl that changed
+underneath us is detected, by a test and at run time, instead of being patched blindly), the upstream fix it
+stands in for, and the replacement. Patches apply only when ``VERL_PLATFORM=cpu`` and only on a supported verl
+version; on GPU nothing here runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from verl_pipe.compat import check_verl_version
+
+logger = logging.getLogger("verl_pipe")
+
+_PATCH_MARK = "__verl_pipe_patched__"
+
+
+@dataclass(frozen=True)
+class CpuPatch:
+    name: str
+    # "module:qualname" of the verl function whose source must contain `fingerprint`.
+    target: str
+    fingerprint: str
+    # The upstream fix this patch stands in for, in one line.
+    upstream: str
+    apply: Callable[[], None]
+
+    def target_source(self) -> str:
+        module_name, qualname = self.target.split(":")
+        obj = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        obj = getattr(obj, "__wrapped__", obj)
+        return inspect.getsource(obj)
+
+    def matches(self) -> bool:
+        """True while verl still contains the code this patch was written against."""
+        return self.fingerprint in self.target_source()
+
+
+def _mark(original):
+    """Mark a replacement as ours and keep the original reachable (``__wrapped__``) for fingerprinting."""
+
+    def decorate(fn):
+        setattr(fn, _PATCH_MARK, True)
+        fn.__wrapped__ = original
+        return fn
+
+    return decorate
+
+
+def is_patched(fn) -> bool:
+    return getattr(fn, _PATCH_MARK, False)
+
+
+# --- 1. Resource check counts only GPUs/NPUs --------------------------------------------------------------
+
+
+def _patch_resource_check() -> None:
+    import ray
+    from verl.single_controller.ray import base
+
+    original = base.ResourcePoolManager._check_resource_available
+    if is_patched(original):
+        return
+
+    @_mark(original)
+    def _check_resource_available(self):
+        available = ray._private.state.available_resources_per_node()
+        total_cpus = sum(node.get("CPU", 0) for node in available.values())
+        required = sum(n for nodes in self.resource_pool_spec.values() for n in nodes)
+        if total_cpus < required:
+            raise ValueError(
+                f"Ray has {total_cpus:g} CPUs for {required} CPU ranks: raise ray_kwargs.ray_init.num_cpus "
+                f"(Ray CPUs are logical; over-subscribing a small machine is fine) or lower trainer.n_gpus_per_node."
+            )
+
+    base.ResourcePoolManager._check_resource_available = _check_resource_available
+
+
+# --- 2. Process-group backend string "cpu:gloo,cpu:gloo" -------------------------------------------------
+
+_GLOO_FN_MODULES = ("verl.utils.distributed", "verl.workers.engine_workers", "verl.checkpoint_engine.base")
+
+
+def _patch_gloo_backend() -> None:
+    from verl.utils import distributed
+
+    original = distributed.initialize_global_process_group_ray
+    if is_patched(original):
+        return
+
+    @_mark(original)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        # torch rejects a backend string that names the cpu device twice.
+        return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+
+    # engine_workers and checkpoint_engine import the function by name, so rebind it there too.
+    for module_name in _GLOO_FN_MODULES:
+        module = importlib.import_module(module_name)
+        if getattr(module, "initialize_global_process_group_ray", None) is original:
+            module.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+# --- 3. FSDP2 forward-only models pin CPU memory -----------------------------------------------------------
+
+
+def _patch_offload_pin_memory() -> None:
+    from verl.workers.engine.fsdp import transformer_impl
+
+    policy_cls = transformer_impl.CPUOffloadPolicy
+    if is_patched(policy_cls):
+        return
+
+    @_mark(policy_cls)
+    class UnpinnedCPUOffloadPolicy(policy_cls):
+        # Pinning needs an accelerator runtime; on a CPU-only host torch raises instead.
+        def __init__(self, pin_memory: bool = True):
+            super().__init__(pin_memory=False)
+
+    transformer_impl.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+
+
+# --- 4. Value-head (critic) loader hard-codes flash-attention ----------------------------------------------
+
+
+def _patch_valuehead_attention() -> None:
+    from verl.utils import model as model_utils
+
+    original = model_utils.load_valuehead_model
+    if is_patched(original):
+        return
+
+    @_mark(original)
+    def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+        from transformers import AutoModelForTokenClassification
+
+        # Honour the attention implementation the config already carries (sdpa on CPU).
+        attn = getattr(model_config, "_attn_implementation", None) or "sdpa"
+        if attn == "flash_attention_2":
+            attn = "sdpa"
+        try:
+            return AutoModelForTokenClassification.from_pretrained(
+                pretrained_model_name_or_path=local_path,
+                torch_dtype=torch_dtype,
+                config=model_config,
+                attn_implementation=attn,
+                trust_remote_code=trust_remote_code,
+            )
+        except (ValueError, KeyError):
+            return original(local_path, torch_dtype, model_config, trust_remote_code)
+
+    model_utils.load_valuehead_model = load_valuehead_model
+
+
+CPU_PATCHES: tuple[CpuPatch, ...] = (
+    CpuPatch(
+        name="resource_check_counts_cpus",
+        target="verl.single_controller.ray.base:ResourcePoolManager._check_resource_available",
+        fingerprint='node_info.get("GPU", 0) if "GPU" in node_info else node_info.get("NPU", 0)',
+        upstream="ResourcePoolManager should count get_platform().ray_resource_name(), not GPU/NPU only",
+        apply=_patch_resource_check,
+    ),
+    CpuPatch(
+        name="gloo_backend_string",
+        target="verl.utils.distributed:initialize_global_process_group_ray",
+        fingerprint='f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"',
+        upstream="initialize_global_process_group_ray should not repeat 'cpu:gloo' when the device is cpu",
+        apply=_patch_gloo_backend,
+    ),
+    CpuPatch(
+        name="fsdp2_offload_without_pinning",
+        target="verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_fsdp_module",
+        fingerprint="CPUOffloadPolicy(pin_memory=True)",
+        upstream="FSDPEngine should pin offloaded memory only when an accelerator is present",
+        apply=_patch_offload_pin_memory,
+    ),
+    CpuPatch(
+        name="valuehead_attention_from_config",
+        target="verl.utils.model:load_valuehead_model",
+        fingerprint='attn_implementation="flash_attention_2"',
+        upstream="load_valuehead_model should take attn_implementation from the model config",
+        apply=_patch_valuehead_attention,
+    ),
+)
+
+
+def apply_cpu_patches() -> list[str]:
+    """Apply every CPU patch whose target still matches; returns the names applied.
+
+    A patch whose fingerprint no longer matches is skipped with a WARNING: verl may have fixed the bug
+    upstream, and patching code we have not read would be worse than running unpatched.
+    """
+    check_verl_version()
+    applied = []
+    for patch in CPU_PATCHES:
+        if not patch.matches():
+            logger.warning(
+                "verl-pipe: CPU patch %r skipped: %s no longer contains the code it replaces (upstream: %s)",
+                patch.name,
+                patch.target,
+                patch.upstream,
+            )
+            continue
+        patch.apply()
+        applied.append(patch.name)
+    return applied

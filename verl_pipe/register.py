@@ -1,0 +1,110 @@
+"""verl-pipe's single registration hook, loaded by verl through the ``verl.plugins`` entry point.
+
+verl imports this module at the end of ``import verl`` in every process it starts (driver, TaskRunner, every
+Ray worker), so everything registered here exists wherever verl looks for it. verl logs plugin failures only at
+DEBUG; this module therefore reports its own failures at WARNING, with the cause, and never raises into
+``import verl``.
+
+What it registers:
+  * the ``cpu`` platform (selected with ``VERL_PLATFORM=cpu``; never auto-detected);
+  * the ``hf`` rollout backend (``actor_rollout_ref.rollout.name=hf``);
+  * with ``VERL_PLATFORM=cpu``: verl's FSDP2 engines for device ``cpu`` and the version-guarded CPU patches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from verl_pipe.compat import SetupError, check_verl_version, install_one_line_excepthook
+
+logger = logging.getLogger("verl_pipe")
+
+REGISTERED: dict[str, list[str]] = {}
+_DONE = False
+
+_NO_ACCELERATOR_HINT = (
+    "no GPU or NPU found and VERL_PLATFORM is not set: set VERL_PLATFORM=cpu to run verl on the CPU backend of "
+    "verl-pipe (with trainer.device=cpu), or run on a machine with an accelerator."
+)
+
+
+def _register_rollout() -> None:
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    def load_hf_replica():
+        from verl_pipe.backends.cpu.hf_replica import HFReplica
+
+        return HFReplica
+
+    RolloutReplicaRegistry.register("hf", load_hf_replica)
+    # verl has no public register function for the worker-side adapter table; the key format is checked by a test.
+    rollout_base._ROLLOUT_REGISTRY[("hf", "async")] = "verl_pipe.backends.cpu.hf_replica.HFServerAdapter"
+    REGISTERED.setdefault("rollout", []).append("hf")
+
+
+def _guard_silent_nvidia_fallback() -> None:
+    """Turn verl's silent fallback to CUDA on a GPU-less machine into a clear message naming VERL_PLATFORM."""
+    from verl.plugin.platform import platform_manager
+
+    original = platform_manager._detect_platform_name
+    if getattr(original, "__verl_pipe__", False):
+        return
+
+    def _detect_platform_name() -> str:
+        name = original()
+        if name != "nvidia" or os.environ.get("VERL_PLATFORM"):
+            return name
+        import torch
+
+        if torch.cuda.is_available() or platform_manager.PlatformRegistry.get("nvidia")().is_platform_available(True):
+            return name
+        main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if main_spec is not None and main_spec.name.startswith("verl."):
+            raise SetupError(_NO_ACCELERATOR_HINT)  # a verl trainer would die later inside NCCL; stop here
+        logger.warning("verl-pipe: %s", _NO_ACCELERATOR_HINT)
+        return name
+
+    _detect_platform_name.__verl_pipe__ = True  # type: ignore[attr-defined]
+    _detect_platform_name.__wrapped__ = original  # type: ignore[attr-defined]
+    platform_manager._detect_platform_name = _detect_platform_name
+
+
+def _register_cpu_backend() -> None:
+    from verl_pipe.backends.cpu.engines import register_cpu_engines
+    from verl_pipe.backends.cpu.patches import apply_cpu_patches
+
+    REGISTERED["cpu_patches"] = apply_cpu_patches()
+    register_cpu_engines()
+    REGISTERED.setdefault("engines", []).extend(["fsdp2/language_model@cpu", "fsdp2/value_model@cpu"])
+
+
+def register() -> None:
+    """Register everything verl-pipe provides; idempotent, and never raises into ``import verl``."""
+    global _DONE
+    if _DONE:
+        return
+    _DONE = True
+    install_one_line_excepthook()
+    try:
+        check_verl_version()
+    except SetupError as error:
+        logger.warning("verl-pipe: not registered: %s", error)
+        return
+
+    from verl_pipe.backends.cpu.platform import register_platform, selected
+
+    steps = [("cpu platform", register_platform), ("hf rollout", _register_rollout), ("platform guard", _guard_silent_nvidia_fallback)]
+    if selected():
+        steps.append(("cpu backend", _register_cpu_backend))
+    for what, step in steps:
+        try:
+            step()
+        except Exception as error:  # noqa: BLE001 - reported loudly; verl would swallow it at DEBUG
+            logger.warning("verl-pipe: registering the %s failed: %s: %s", what, type(error).__name__, error, exc_info=True)
+    REGISTERED.setdefault("platform", []).append("cpu")
+
+
+register()
