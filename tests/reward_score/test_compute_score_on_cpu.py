@@ -225,3 +225,13 @@ def test_prelude_imports_do_not_answer_for_the_candidate():
     assert compute_score(SOURCE, fenced("print(0)"), tests, info)["outcome"] == "runtime_error"
     # Importing it explicitly is the candidate's own (legitimate) answer.
     assert compute_score(SOURCE, fenced("from math import gcd"), tests, info)["outcome"] == "pass"
+
+
+def test_functional_large_correct_output_passes():
+    """Guards against the 1 MiB output cap turning a correct but large return value into a runtime error."""
+    big = json.dumps(list(range(200_000)))
+    tests = json.dumps([{"input": "200000", "output": big, "testtype": "functional"}] * 5)
+    info = {"func_name": "upto"}
+    assert compute_score(SOURCE, fenced("def upto(n):\n    return list(range(n))"), tests, info)["outcome"] == "pass"
+    off_by_one = compute_score(SOURCE, fenced("def upto(n):\n    return list(range(1, n + 1))"), tests, info)
+    assert off_by_one["outcome"] == "wrong_answer"

@@ -17,6 +17,10 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = ["build_tiny_qwen2", "cache_root", "build_atomically", "COMPLETE_MARKER", "CHATML_TEMPLATE"]
 
@@ -186,6 +190,7 @@ def build_atomically(out_dir: str | os.PathLike[str], build: Callable[[str], Non
     try:
         build(tmp)
         (Path(tmp) / COMPLETE_MARKER).write_text("ok\n")
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a published cache folder should be readable like any other
         if not force and (out / COMPLETE_MARKER).is_file():
             return str(out)  # another process published first
         if out.exists():
@@ -204,7 +209,7 @@ def build_atomically(out_dir: str | os.PathLike[str], build: Callable[[str], Non
         shutil.rmtree(tmp, ignore_errors=True)  # no-op once renamed
 
 
-def _train_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizerFast
+def _train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX

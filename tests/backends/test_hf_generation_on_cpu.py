@@ -1,0 +1,80 @@
+"""The batched decoder behind the hf rollout server, on the tiny random Qwen2 (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from verl_pipe.backends.cpu.hf_generation import BatchedGenerator, GenerationRequest, _filter_top_k_top_p
+
+
+@pytest.fixture(scope="module")
+def generator(tiny_model_path):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    # Token 3 stands in for EOS so that random weights still stop some rows early.
+    return BatchedGenerator(model, eos_token_ids=[3], pad_token_id=0)
+
+
+def test_log_probs_equal_teacher_forced_scores_under_left_padding(generator):
+    """Guards: left padding or the KV cache shifting positions, so rollout log-probs drift from the actor's."""
+    requests = [
+        GenerationRequest([5, 6, 7], max_tokens=12, temperature=1.0),
+        GenerationRequest(list(range(20, 33)), max_tokens=9, temperature=0.7, top_p=0.9),
+        GenerationRequest([40, 41], max_tokens=6, temperature=0.0),
+    ]
+    for request, result in zip(requests, generator.generate(requests)):
+        assert 1 <= len(result.token_ids) <= request.max_tokens
+        temperature = request.temperature if request.temperature > 0 else 1.0
+        expected = generator.score(request.prompt_ids, result.token_ids, temperature)
+        assert max(abs(a - b) for a, b in zip(expected, result.log_probs)) < 1e-4
+
+
+def test_greedy_rows_do_not_depend_on_batch_mates(generator):
+    """Guards: batching changing a request's output (validation must be reproducible)."""
+    alone = generator.generate([GenerationRequest([9, 10, 11], max_tokens=10, temperature=0.0)])[0]
+    batched = generator.generate(
+        [GenerationRequest(list(range(50, 70)), 7, 1.0), GenerationRequest([9, 10, 11], 10, 0.0)]
+    )[1]
+    assert alone.token_ids == batched.token_ids
+
+
+def test_each_row_stops_at_its_own_limit_or_eos(generator):
+    """Guards: one row's max_tokens or EOS truncating or extending another row."""
+    results = generator.generate([GenerationRequest([5, 6], max_tokens=n, temperature=1.0) for n in (1, 4, 16)])
+    for n, result in zip((1, 4, 16), results):
+        if result.finish_reason == "stop":
+            assert result.token_ids[-1] == 3 and len(result.token_ids) <= n
+        else:
+            assert result.finish_reason == "length" and len(result.token_ids) == n
+            assert 3 not in result.token_ids
+
+
+def test_zero_budget_request_returns_empty(generator):
+    result = generator.generate([GenerationRequest([5, 6], max_tokens=0)])[0]
+    assert result.token_ids == [] and result.log_probs == []
+
+
+def test_abort_returns_partial_tokens(generator):
+    """Guards: an abort (weight sync in async modes) losing the tokens already generated."""
+    calls = {"n": 0}
+
+    def stop_after_three() -> bool:
+        calls["n"] += 1
+        return calls["n"] >= 3
+
+    result = generator.generate([GenerationRequest([5, 6], max_tokens=50, temperature=1.0)], should_stop=stop_after_three)[0]
+    if result.finish_reason != "stop":
+        assert result.finish_reason == "abort"
+        assert len(result.token_ids) == 3 == len(result.log_probs)
+
+
+def test_top_k_and_top_p_filtering_by_hand():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
+    out = _filter_top_k_top_p(logits, top_k=torch.tensor([2, -1]), top_p=torch.tensor([1.0, 0.7]))
+    # Row 0: top-2 survive. Row 1: 0.5 (mass before 0) and 0.3 (mass before 0.5 < 0.7) survive; 0.15 has 0.8 before.
+    assert torch.isfinite(out[0]).tolist() == [True, True, False, False]
+    assert torch.isfinite(out[1]).tolist() == [True, True, False, False]
+    same = _filter_top_k_top_p(logits, top_k=torch.tensor([-1, -1]), top_p=torch.tensor([1.0, 1.0]))
+    assert torch.equal(same, logits)

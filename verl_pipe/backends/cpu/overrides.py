@@ -1,0 +1,64 @@
+"""The hydra overrides that put an existing verl config on the CPU backend.
+
+These are the knobs, and only the knobs, that differ from a GPU run: device and collectives, FSDP2 (FSDP1 needs
+an accelerator), SDPA attention (flash-attention is CUDA-only), the ``hf`` rollout with one process per replica,
+and Ray sizing that places on a 2-core machine (Ray CPUs are logical, so over-subscription is safe; one
+TransferQueue storage unit instead of eight). Everything else in the user's config is left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class CpuBackendConfig:
+    # Trainer ranks (FSDP2 over gloo); each becomes one rollout replica in colocated (hybrid) mode.
+    ranks: int = 1
+    # Logical CPUs Ray advertises: enough for every actor verl starts, whatever the real core count.
+    ray_num_cpus: int = 16
+    # Agent-loop and reward-loop actors; one of each is plenty for a CPU run and keeps start-up short.
+    agent_workers: int = 1
+    reward_workers: int = 1
+    # Join an existing cluster (``ray start --head`` with VERL_PLATFORM=cpu in its environment) instead of
+    # starting one; Ray then refuses num_cpus, so it is not passed.
+    ray_address: Optional[str] = None
+
+    def validate(self) -> None:
+        if self.ranks < 1:
+            raise ValueError(f"ranks must be >= 1, got {self.ranks} (trainer.n_gpus_per_node on the CPU backend)")
+        if self.ray_num_cpus < self.ranks + 4:
+            raise ValueError(
+                f"ray_num_cpus={self.ray_num_cpus} cannot place {self.ranks} ranks plus verl's service actors: "
+                f"use at least {self.ranks + 4}"
+            )
+
+
+def cpu_backend_overrides(cfg: CpuBackendConfig = CpuBackendConfig()) -> list[str]:
+    cfg.validate()
+    return [
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={cfg.ranks}",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.ref.strategy=fsdp2",
+        "critic.strategy=fsdp2",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.agent.num_workers={cfg.agent_workers}",
+        f"reward.num_workers={cfg.reward_workers}",
+        *(
+            [
+                f"+ray_kwargs.ray_init.address={cfg.ray_address}",
+                # Workers of an existing cluster do not inherit this driver's environment.
+                "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu",
+            ]
+            if cfg.ray_address
+            else [f"+ray_kwargs.ray_init.num_cpus={cfg.ray_num_cpus}"]
+        ),
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        # Dataloader worker processes only add start-up time and a noisy kill at shutdown on a small CPU box.
+        "data.dataloader_num_workers=0",
+    ]

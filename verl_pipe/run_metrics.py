@@ -1,0 +1,114 @@
+"""Per-step training summaries built from what verl already writes.
+
+verl's ``file`` logger writes one JSON line of metrics per step (``VERL_FILE_LOGGER_PATH``), and
+``trainer.rollout_data_dir`` dumps each step's generations with their scores. From those two we derive the
+numbers a person watching a code-RL run wants per step: reward mean, pass rate, format rate (a fenced python
+block was found), response length and per-phase times. The summaries go to ``metrics.jsonl``, one line a step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from verl_pipe.reward_score.extract import extract_last_python_block
+
+# verl metric key -> our short name. Phases appear only when the trainer ran them.
+PHASE_KEYS = {
+    "timing_s/gen": "gen",
+    "timing_s/reward": "reward",
+    "timing_s/old_log_prob": "old_log_prob",
+    "timing_s/ref": "ref",
+    "timing_s/adv": "adv",
+    "timing_s/update_actor": "update_actor",
+    "timing_s/update_weights": "update_weights",
+    "timing_s/step": "step",
+}
+
+
+@dataclass
+class StepSummary:
+    step: int
+    reward_mean: float
+    pass_rate: Optional[float]
+    format_rate: Optional[float]
+    response_length_mean: float
+    response_clip_ratio: float
+    phases_s: dict[str, float] = field(default_factory=dict)
+    verl: dict[str, float] = field(default_factory=dict)
+
+    def line(self) -> str:
+        def pct(value: Optional[float]) -> str:
+            return "  n/a" if value is None else f"{100 * value:4.0f}%"
+
+        phases = " ".join(f"{name}={secs:.1f}s" for name, secs in self.phases_s.items() if name != "step")
+        return (
+            f"step {self.step:3d} | reward {self.reward_mean:+.3f} | pass {pct(self.pass_rate)} | "
+            f"format {pct(self.format_rate)} | resp_len {self.response_length_mean:6.1f} | "
+            f"step {self.phases_s.get('step', float('nan')):.1f}s ({phases})"
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def read_rollout_dump(path: str) -> tuple[Optional[float], Optional[float]]:
+    """Pass rate (score == 1) and format rate (a python block was found) of one step's dumped generations."""
+    if not os.path.exists(path):
+        return None, None
+    scores, formatted = [], []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            scores.append(float(row["score"]))
+            formatted.append(extract_last_python_block(row["output"]) is not None)
+    if not scores:
+        return None, None
+    return sum(s >= 1.0 for s in scores) / len(scores), sum(formatted) / len(formatted)
+
+
+def summarize_step(step: int, verl_metrics: dict, rollout_dump: Optional[str]) -> StepSummary:
+    pass_rate, format_rate = read_rollout_dump(rollout_dump) if rollout_dump else (None, None)
+    phases = {short: float(verl_metrics[key]) for key, short in PHASE_KEYS.items() if key in verl_metrics}
+    return StepSummary(
+        step=step,
+        reward_mean=float(verl_metrics.get("critic/score/mean", float("nan"))),
+        pass_rate=pass_rate,
+        format_rate=format_rate,
+        response_length_mean=float(verl_metrics.get("response_length/mean", float("nan"))),
+        response_clip_ratio=float(verl_metrics.get("response_length/clip_ratio", float("nan"))),
+        phases_s=phases,
+        verl={k: float(v) for k, v in verl_metrics.items() if isinstance(v, (int, float))},
+    )
+
+
+class VerlMetricsTail:
+    """Follows verl's file-logger JSONL as the trainer appends to it; yields (step, metrics) once per line."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._offset = 0
+        self._partial = ""
+
+    def poll(self) -> list[tuple[int, dict]]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, encoding="utf-8") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read()
+            self._offset = fh.tell()
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next poll
+        records = []
+        for line in lines:
+            if line.strip():
+                row = json.loads(line)
+                records.append((int(row["step"]), row["data"]))
+        return records
+
+
+def load_summaries(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
