@@ -1,8 +1,11 @@
 """Run one untrusted Python program in a fresh, resource-limited subprocess.
 
-This is a best-effort sandbox for grading model-written solutions, not a security boundary: it stops the
-common accidents (infinite loops, memory blow-ups, giant outputs, stray files, leaked children) that would
-otherwise stall or poison an RL run. Run the trainer in a container if the policy may be adversarial.
+By default the program runs under bubblewrap (``bwrap``): no network, a read-only view of the host file
+system, a private /tmp, /proc and PID namespace, and only its own working folder writable. Inside that,
+rlimits and a parent-enforced wall clock stop the common accidents (infinite loops, memory blow-ups, giant
+outputs, leaked children) that would otherwise stall or poison an RL run. ``VERL_PIPE_SANDBOX=none`` drops the
+namespace layer (rlimits only) for machines without bubblewrap; the reward issue hardens this further
+(seccomp, an unprivileged uid).
 
 Design choices:
 * stdin and stdout/stderr go through files rather than pipes, so a chatty program can never deadlock
@@ -33,6 +36,44 @@ MEMORY_LIMIT_BYTES = 1 << 30
 FILE_SIZE_LIMIT_BYTES = 16 << 20
 SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
 PROGRAM_NAME = "main.py"
+# Where the program's working folder appears inside the bubblewrap sandbox.
+SANDBOX_WORKDIR = "/tmp/work"
+SANDBOX_MODE_ENV = "VERL_PIPE_SANDBOX"
+MISSING_BWRAP = (
+    "bubblewrap (bwrap) is not installed, and the code reward runs programs inside it: run `make install` "
+    "(or `apt-get install -y bubblewrap`), or set VERL_PIPE_SANDBOX=none to run without namespace isolation."
+)
+
+
+def sandbox_mode() -> str:
+    mode = os.environ.get(SANDBOX_MODE_ENV, "bwrap").strip().lower()
+    if mode not in ("bwrap", "none"):
+        raise ValueError(f"{SANDBOX_MODE_ENV} must be 'bwrap' or 'none', got {mode!r}")
+    return mode
+
+
+def require_bwrap() -> str:
+    """Path of the bwrap binary, or a SetupError naming the fix."""
+    path = shutil.which("bwrap")
+    if path is None:
+        from verl_pipe.compat import SetupError
+
+        raise SetupError(MISSING_BWRAP)
+    return path
+
+
+def _command(workdir: str) -> tuple[list[str], str]:
+    """The argv that runs the program, and the cwd to start it in."""
+    python = [sys.executable, "-I", "-S", PROGRAM_NAME]
+    if sandbox_mode() == "none":
+        return python, workdir
+    # No --new-session: the sandboxed program must stay in the process group the parent kills on timeout.
+    bwrap = [
+        require_bwrap(), "--unshare-all", "--die-with-parent",
+        "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        "--bind", workdir, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR,
+    ]
+    return bwrap + python, workdir
 
 
 @dataclass(frozen=True)
@@ -140,13 +181,14 @@ def _spawn_and_wait(
 ) -> ExecResult:
     cpu_seconds = int(math.ceil(timeout)) + 1
     with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
+        argv, cwd = _command(workdir)
         start = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", PROGRAM_NAME],
+            argv,
             stdin=fin,
             stdout=fout,
             stderr=ferr,
-            cwd=workdir,
+            cwd=cwd,
             env=dict(SANDBOX_ENV),
             preexec_fn=_limits(cpu_seconds, memory_bytes),
             start_new_session=True,

@@ -2,6 +2,7 @@
 
     verl-pipe quickstart [--model smollm2|tiny|PATH] [--steps N] [--trainer v1|legacy] [hydra.override=value ...]
     verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]
+    verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
     verl-pipe doctor
 """
 
@@ -27,6 +28,17 @@ def _plot(args: argparse.Namespace) -> int:
 
     out = args.output or args.metrics.replace(".jsonl", ".png")
     print(plot_metrics(args.metrics, out))
+    return 0
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    import json
+
+    from verl_pipe.baseline import BaselineConfig, run_baseline
+
+    known = {f.name for f in fields(BaselineConfig)}
+    report = run_baseline(BaselineConfig(**{k: v for k, v in vars(args).items() if k in known and v is not None}))
+    print(json.dumps(report, indent=2))
     return 0
 
 
@@ -70,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("metrics")
     plot.add_argument("-o", "--output")
     plot.set_defaults(func=_plot)
+
+    base = sub.add_parser("baseline", help="a model's pass rate on the embedded problems before training")
+    base.add_argument("--model")
+    base.add_argument("--samples", type=int)
+    base.add_argument("--temperature", type=float)
+    base.add_argument("--max-tokens", dest="max_tokens", type=int)
+    base.add_argument("--split", choices=["all", "train", "val"])
+    base.add_argument("--out")
+    base.set_defaults(func=_baseline)
 
     doctor = sub.add_parser("doctor", help="show what verl-pipe registers and what it finds on this machine")
     doctor.set_defaults(func=_doctor)

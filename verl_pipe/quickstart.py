@@ -103,6 +103,10 @@ def prepare(cfg: QuickstartConfig) -> tuple[str, list[str], dict[str, str]]:
     """Check the environment, build model and data; return (run_dir, argv, env) for the training process."""
     cfg.validate()
     check_verl_version()
+    from verl_pipe.reward_score.execute import require_bwrap, sandbox_mode
+
+    if sandbox_mode() == "bwrap":
+        require_bwrap()  # fail before minutes of start-up, not inside a reward worker
     from verl_pipe.data.embedded import write_embedded_dataset
     from verl_pipe.models import resolve_model_path
 

@@ -78,3 +78,17 @@ def test_top_k_and_top_p_filtering_by_hand():
     assert torch.isfinite(out[1]).tolist() == [True, True, False, False]
     same = _filter_top_k_top_p(logits, top_k=torch.tensor([-1, -1]), top_p=torch.tensor([1.0, 1.0]))
     assert torch.equal(same, logits)
+
+
+def test_shared_prompt_rows_match_unshared_decoding(generator):
+    """Guards: the shared-prefix prefill (one KV cache fanned out to n samples) mixing up rows or positions."""
+    prompt = list(range(30, 45))
+    shared = generator.generate([GenerationRequest(prompt, 8, 0.0), GenerationRequest([7, 8], 8, 0.0), GenerationRequest(prompt, 8, 0.0)])
+    alone = generator.generate([GenerationRequest(prompt, 8, 0.0)])[0]
+    assert shared[0].token_ids == shared[2].token_ids == alone.token_ids
+    for a, b in zip(shared[0].log_probs, alone.log_probs):
+        assert abs(a - b) < 1e-4
+    sampled = generator.generate([GenerationRequest(prompt, 10, 1.0) for _ in range(4)])
+    for result in sampled:
+        expected = generator.score(prompt, result.token_ids)
+        assert max(abs(a - b) for a, b in zip(expected, result.log_probs)) < 1e-4

@@ -73,14 +73,26 @@ class BatchedGenerator:
         batch = [requests[i] for i in active_idx]
         bsz = len(batch)
 
-        # Left-pad so every row's next token is at the last position.
-        width = max(len(r.prompt_ids) for r in batch)
-        input_ids = torch.full((bsz, width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((bsz, width), dtype=torch.long)
-        for row, r in enumerate(batch):
-            input_ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            attention_mask[row, width - len(r.prompt_ids) :] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        # GRPO sends n samples of each prompt: prefill every distinct prompt once and fan its KV cache out to
+        # its rows (what prefix caching gives a GPU server). Left-pad so each row's next token is last.
+        unique_prompts: dict[tuple[int, ...], int] = {}
+        row_to_unique = [unique_prompts.setdefault(tuple(r.prompt_ids), len(unique_prompts)) for r in batch]
+        prompts = list(unique_prompts)
+        width = max(len(p) for p in prompts)
+        prefill_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        prefill_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            prefill_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            prefill_mask[row, width - len(prompt) :] = 1
+        prefill_pos = (prefill_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=prefill_ids, attention_mask=prefill_mask, position_ids=prefill_pos, use_cache=True)
+        fan_out = torch.tensor(row_to_unique, dtype=torch.long)
+        past = out.past_key_values
+        if len(prompts) != bsz:
+            past.reorder_cache(fan_out)
+        logits = out.logits[:, -1, :].index_select(0, fan_out)
+        attention_mask = prefill_mask.index_select(0, fan_out)
+        position_ids = prefill_pos.index_select(0, fan_out)
 
         temperature = torch.tensor([r.temperature if not r.greedy else 1.0 for r in batch], dtype=torch.float32)
         greedy = torch.tensor([r.greedy for r in batch])
@@ -91,9 +103,6 @@ class BatchedGenerator:
 
         finished = torch.zeros(bsz, dtype=torch.bool)
         produced = torch.zeros(bsz, dtype=torch.long)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
-        past = out.past_key_values
-        logits = out.logits[:, -1, :]
 
         for _ in range(int(max_tokens.max())):
             scaled = logits.float() / temperature.unsqueeze(-1)

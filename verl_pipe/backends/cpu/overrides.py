@@ -56,7 +56,7 @@ def cpu_backend_overrides(cfg: CpuBackendConfig = CpuBackendConfig()) -> list[st
                 "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu",
             ]
             if cfg.ray_address
-            else [f"+ray_kwargs.ray_init.num_cpus={cfg.ray_num_cpus}"]
+            else [f"ray_kwargs.ray_init.num_cpus={cfg.ray_num_cpus}"]
         ),
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         # Dataloader worker processes only add start-up time and a noisy kill at shutdown on a small CPU box.
