@@ -1,9 +1,10 @@
 """Rule-based code reward for verl, installed as ``verl_pipe.reward_score``.
 
-Point verl's custom reward at :func:`compute_score`::
+Point verl's custom reward at :func:`compute_score` by package name (loading by file path breaks the
+package's relative imports in Ray workers)::
 
-    custom_reward_function.path=<site-packages>/verl_pipe/reward_score/__init__.py
-    custom_reward_function.name=compute_score
+    reward.custom_reward_function.path=pkg://verl_pipe.reward_score
+    reward.custom_reward_function.name=compute_score
 """
 
 from __future__ import annotations

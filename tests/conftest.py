@@ -61,6 +61,12 @@ def ray_cluster():
             head.wait()
 
 
+@pytest.fixture(scope="session")
+def verl_runner():
+    """The function that runs verl's stock entrypoint as a child process (see :func:`run_verl`)."""
+    return run_verl
+
+
 def run_verl(overrides: list[str], run_dir: str, timeout: int = 600) -> tuple[int, list[dict], str]:
     """Run ``python -m verl.trainer.main_ppo`` on the CPU backend; return (rc, per-step metrics, log path)."""
     os.makedirs(run_dir, exist_ok=True)

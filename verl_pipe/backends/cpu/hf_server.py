@@ -26,15 +26,18 @@ import torch
 from verl_pipe.backends.cpu.hf_generation import BatchedGenerator, GenerationRequest, GenerationResult
 
 logger = logging.getLogger("verl_pipe")
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))  # verl's own switch for its modules' verbosity
 
 # When set to a file path, every weight sync appends the log-probs of a fixed probe sequence under the served
 # weights before and after the sync: evidence, for tests and debugging, that a sync really changed the policy.
 WEIGHT_SYNC_PROBE_ENV = "VERL_PIPE_WEIGHT_SYNC_PROBE"
 PROBE_PROMPT_IDS = list(range(10, 18))
 PROBE_RESPONSE_IDS = list(range(18, 26))
-# The n requests of one prompt group arrive a few milliseconds apart; waiting this long before starting a batch
-# lets them share it (and its prefill) instead of the first one running alone.
-GATHER_WINDOW_S = 0.05
+# Requests of one step arrive staggered (the agent loop tokenizes each before sending). A batch starts once no
+# new request has arrived for GATHER_QUIET_S, or GATHER_MAX_S after its first request, so they share the batch
+# (and each prompt's prefill) instead of the first ones running alone.
+GATHER_QUIET_S = 0.05
+GATHER_MAX_S = 0.5
 
 
 def server_actor_name(replica_rank: int, is_reward_model: bool = False, name_suffix: str = "") -> str:
@@ -142,12 +145,20 @@ class HFRolloutServer:
             extra_fields={"global_steps": self.global_steps, "finish_reason": result.finish_reason},
         )
 
+    async def _gather(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GATHER_MAX_S
+        while len(self._queue) < self.max_batch_size and loop.time() < deadline:
+            seen = len(self._queue)
+            await asyncio.sleep(GATHER_QUIET_S)
+            if len(self._queue) == seen:
+                return
+
     async def _batch_loop(self) -> None:
         while True:
             await self._queue_event.wait()
             await self._generation_allowed.wait()
-            if len(self._queue) < self.max_batch_size:
-                await asyncio.sleep(GATHER_WINDOW_S)
+            await self._gather()
             async with self._engine_lock:
                 if not self._generation_allowed.is_set():
                     continue  # an abort slipped in while we waited for the lock
@@ -165,6 +176,8 @@ class HFRolloutServer:
                         if not pending.future.done():
                             pending.future.set_exception(error)
                     continue
+            logger.info("hf rollout %d: batch of %d requests, %d tokens", self.replica_rank, len(batch),
+                        sum(len(r.token_ids) for r in results))
             self.stats["batches"] += 1
             self.stats["requests"] += len(batch)
             self.stats["max_batch"] = max(self.stats["max_batch"], len(batch))
