@@ -12,6 +12,7 @@ def plot_metrics(metrics_path: str, out_png: str) -> str:
 
     matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = load_summaries(metrics_path)
     if not rows:
@@ -33,6 +34,7 @@ def plot_metrics(metrics_path: str, out_png: str) -> str:
         ax.plot(steps, ys, marker="o")
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     bottom = [0.0] * len(rows)
     for name in phase_names:
@@ -42,7 +44,8 @@ def plot_metrics(metrics_path: str, out_png: str) -> str:
         bottom = [b + s for b, s in zip(bottom, secs)]
     axes[4].set_title("time per phase (s)")
     axes[4].set_xlabel("step")
-    axes[4].legend(fontsize=7)
+    axes[4].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[4].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"verl-pipe run: {metrics_path}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out_png, dpi=90)

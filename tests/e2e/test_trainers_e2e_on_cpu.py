@@ -7,6 +7,7 @@ the rollout server, for 2 steps. What is checked, per run:
 * it finishes, with a metrics record for every step;
 * after each sync the rollout server's log-probs of the sequences it sampled equal the actor's recomputed
   log-probs (verl's ``training/rollout_probs_diff_max``, tolerance ``LOGPROB_TOL``);
+* with GAE, verl's FSDP2 value-head engine (the critic) trains on CPU as well;
 * each sync really changed the served policy: the server's log-probs of a fixed probe sequence moved by far
   more than that tolerance (a sync that silently kept the old weights would fail here).
 """
@@ -63,10 +64,17 @@ def test_quickstart_v1_one_rank_with_code_reward(tmp_path, tiny_model_path, ray_
     assert os.path.getsize(os.path.join(cfg.out_dir, "curves.png")) > 10_000
 
 
+GAE_WITH_CRITIC = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4"]
+
+
 @pytest.mark.parametrize(
-    "trainer,ranks", [("legacy", 1), ("v1", 2), ("legacy", 2)], ids=["legacy-1rank", "v1-2ranks", "legacy-2ranks"]
+    "trainer,ranks,extra",
+    [("legacy", 1, []), ("v1", 2, []), ("legacy", 2, []), ("v1", 1, GAE_WITH_CRITIC)],
+    ids=["legacy-1rank", "v1-2ranks", "legacy-2ranks", "v1-gae-critic"],
 )
-def test_trainer_syncs_weights_to_rollout(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, trainer, ranks):
+def test_trainer_syncs_weights_to_rollout(
+    tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, trainer, ranks, extra
+):
     cfg = _cfg(tmp_path, tiny_model_path, trainer, ranks, ray_cluster)
     run_dir = cfg.out_dir
     train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
@@ -74,6 +82,8 @@ def test_trainer_syncs_weights_to_rollout(tmp_path, tiny_model_path, ray_cluster
     overrides = training_overrides(cfg, tiny_model_path, train_file, val_file, run_dir) + [
         f"reward.custom_reward_function.path={LENGTH_REWARD}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_WEIGHT_SYNC_PROBE={probe}",
+        *extra,
+        *([f"critic.model.path={tiny_model_path}"] if extra else []),
     ]
     rc, steps, log = verl_runner(overrides, run_dir)
     assert rc == 0, tail_of(log)
@@ -83,6 +93,8 @@ def test_trainer_syncs_weights_to_rollout(tmp_path, tiny_model_path, ray_cluster
     for data in records:
         assert data["training/rollout_probs_diff_max"] < LOGPROB_TOL
         assert data["critic/score/max"] > data["critic/score/min"], "the test reward must vary to move the weights"
+        if extra:  # the value-head engine trained on CPU too
+            assert "critic/vf_loss" in data and "timing_s/update_critic" in data
 
     with open(probe) as fh:
         syncs = [json.loads(line) for line in fh]

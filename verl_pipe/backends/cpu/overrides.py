@@ -45,6 +45,7 @@ def cpu_backend_overrides(cfg: CpuBackendConfig = CpuBackendConfig()) -> list[st
         "actor_rollout_ref.ref.strategy=fsdp2",
         "critic.strategy=fsdp2",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "+critic.model.override_config.attn_implementation=sdpa",  # only read when a critic is used (GAE)
         "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"actor_rollout_ref.rollout.agent.num_workers={cfg.agent_workers}",
