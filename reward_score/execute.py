@@ -62,17 +62,31 @@ def require_bwrap() -> str:
     return path
 
 
+def _interpreter() -> str:
+    """The real interpreter behind ``sys.executable`` (a venv's python is a symlink; never run through a shim)."""
+    return os.path.realpath(sys.executable)
+
+
 def _command(workdir: str) -> tuple[list[str], str]:
     """The argv that runs the program, and the cwd to start it in."""
-    python = [sys.executable, "-I", "-S", PROGRAM_NAME]
+    python = [_interpreter(), "-I", "-S", PROGRAM_NAME]
     if sandbox_mode() == "none":
         return python, workdir
     # No --new-session: the sandboxed program must stay in the process group the parent kills on timeout.
     bwrap = [
-        require_bwrap(), "--unshare-all", "--die-with-parent",
-        "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-        "--bind", workdir, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR,
-    ]
+        require_bwrap(),
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--tmpfs", "/tmp",
+    ]  # fmt: skip
+    # The private /tmp hides anything the host keeps there; an interpreter installed under /tmp must stay visible.
+    for path in sorted({os.path.realpath(sys.base_prefix), os.path.dirname(_interpreter())}):
+        if path == "/tmp" or path.startswith("/tmp/"):
+            bwrap += ["--ro-bind", path, path]
+    bwrap += ["--bind", workdir, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR]
     return bwrap + python, workdir
 
 

@@ -38,8 +38,16 @@ def ray_cluster():
     env = dict(os.environ, VERL_PLATFORM="cpu", RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
     # --block keeps the cluster a child of this process: stopping it ends only this cluster. (`ray stop` would
     # kill every Ray cluster on the machine, including a user's running job.)
-    argv = [ray_bin, "start", "--head", "--block", "--num-cpus=16", "--port=0", "--include-dashboard=false",
-            f"--temp-dir={temp_dir}"]
+    argv = [
+        ray_bin,
+        "start",
+        "--head",
+        "--block",
+        "--num-cpus=16",
+        "--port=0",
+        "--include-dashboard=false",
+        f"--temp-dir={temp_dir}",
+    ]
     head = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     address_file = os.path.join(temp_dir, "ray_current_cluster")
     deadline = time.time() + 180
@@ -75,7 +83,9 @@ def run_verl(overrides: list[str], run_dir: str, timeout: int = 600) -> tuple[in
     env = dict(os.environ, VERL_PLATFORM="cpu", VERL_FILE_LOGGER_PATH=metrics_path, TOKENIZERS_PARALLELISM="false")
     argv = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     with open(log_path, "w") as log:
-        rc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=run_dir).returncode
+        rc = subprocess.run(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=run_dir
+        ).returncode
     steps = []
     if os.path.exists(metrics_path):
         with open(metrics_path) as fh:

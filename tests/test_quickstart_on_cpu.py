@@ -49,12 +49,20 @@ def test_ray_address_replaces_num_cpus():
 def test_step_summary_from_verl_log_formats(tmp_path):
     """Summaries read the exact shapes verl writes: FileLogger lines and rollout_data_dir dumps."""
     log = tmp_path / "verl_metrics.jsonl"
-    data = {"critic/score/mean": 0.25, "response_length/mean": 120.0, "response_length/clip_ratio": 0.5,
-            "timing_s/gen": 3.0, "timing_s/update_actor": 2.0, "timing_s/step": 5.5}
+    data = {
+        "critic/score/mean": 0.25,
+        "response_length/mean": 120.0,
+        "response_length/clip_ratio": 0.5,
+        "timing_s/gen": 3.0,
+        "timing_s/update_actor": 2.0,
+        "timing_s/step": 5.5,
+    }
     log.write_text(json.dumps({"step": 1, "data": data}) + "\n" + '{"step": 2, "da')  # second line still being written
     dump = tmp_path / "1.jsonl"
     outputs = ["```python\nprint(1)\n```", "no code here", "```python\nprint(2)\n```", "```py\nx\n```"]
-    dump.write_text("".join(json.dumps({"output": o, "score": s, "step": 1}) + "\n" for o, s in zip(outputs, [1.0, 0.0, 0.0, 1.0])))
+    dump.write_text(
+        "".join(json.dumps({"output": o, "score": s, "step": 1}) + "\n" for o, s in zip(outputs, [1.0, 0.0, 0.0, 1.0]))
+    )
 
     tail = VerlMetricsTail(str(log))
     records = tail.poll()

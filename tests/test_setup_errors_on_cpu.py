@@ -13,14 +13,18 @@ from verl_pipe import cli
 
 
 def _stderr_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.strip() and "Warning" not in line and "warnings.warn" not in line]
+    return [
+        line for line in text.splitlines() if line.strip() and "Warning" not in line and "warnings.warn" not in line
+    ]
 
 
 def test_gpu_less_machine_without_verl_platform_names_the_variable():
     """verl would otherwise fall back to CUDA and die much later inside NCCL with an unrelated error."""
     env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    out = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo"], env=env, capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo"], env=env, capture_output=True, text=True, timeout=240
+    )
     assert out.returncode != 0
     # verl's own log line about the fallback may precede ours; no traceback may follow.
     lines = [line for line in _stderr_lines(out.stderr) if not line.startswith(("INFO", "WARNING"))]

@@ -86,7 +86,8 @@ def run_baseline(cfg: BaselineConfig) -> dict:
         "overall": summarize(list(per_problem)),
         "format_rate": formatted / max(1, len(jobs)),
         "by_style": {
-            style: summarize([p for p in per_problem if style_of[p] == style]) for style in sorted(set(style_of.values()))
+            style: summarize([p for p in per_problem if style_of[p] == style])
+            for style in sorted(set(style_of.values()))
         },
         "solved_problems": sorted(p for p, s in per_problem.items() if any(s)),
         "wall_s": time.time() - started,

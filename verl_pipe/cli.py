@@ -1,9 +1,9 @@
 """The ``verl-pipe`` command: utilities around verl runs (training itself stays ``python -m verl.trainer.main_ppo``).
 
-    verl-pipe quickstart [--model smollm2|tiny|PATH] [--steps N] [--trainer v1|legacy] [hydra.override=value ...]
-    verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]
-    verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
-    verl-pipe doctor
+verl-pipe quickstart [--model smollm2|tiny|PATH] [--steps N] [--trainer v1|legacy] [hydra.override=value ...]
+verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]
+verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
+verl-pipe doctor
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="verl-pipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="verl-pipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     qs = sub.add_parser("quickstart", help="GRPO on the embedded coding problems with verl's real trainer, on CPU")

@@ -31,7 +31,9 @@ def check_verl_version(found: Version | None = None) -> Version:
     """Raise :class:`SetupError` unless the installed verl is in the range verl-pipe was tested against."""
     found = found if found is not None else installed_verl_version()
     if found is None:
-        raise SetupError(f"verl is not installed: run `make install` (or `pip install 'verl[verl-core]{SUPPORTED_VERL}'`).")
+        raise SetupError(
+            f"verl is not installed: run `make install` (or `pip install 'verl[verl-core]{SUPPORTED_VERL}'`)."
+        )
     if found not in SpecifierSet(SUPPORTED_VERL, prereleases=True):
         raise SetupError(
             f"verl {found} is not supported by verl-pipe (needs verl{SUPPORTED_VERL}): "

@@ -62,7 +62,9 @@ def metrics_log_path(run_dir: str) -> str:
     return os.path.join(run_dir, "verl_metrics.jsonl")
 
 
-def training_overrides(cfg: QuickstartConfig, model_path: str, train_file: str, val_file: str, run_dir: str) -> list[str]:
+def training_overrides(
+    cfg: QuickstartConfig, model_path: str, train_file: str, val_file: str, run_dir: str
+) -> list[str]:
     """The full override list: GRPO on the embedded data, the CPU backend, then the user's own overrides."""
     return [
         "algorithm.adv_estimator=grpo",
@@ -129,7 +131,12 @@ def prepare(cfg: QuickstartConfig) -> tuple[str, list[str], dict[str, str]]:
     run_dir = os.path.abspath(cfg.out_dir or os.path.join("runs", time.strftime("quickstart-%Y%m%d-%H%M%S")))
     os.makedirs(run_dir, exist_ok=True)
     train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"), seed=cfg.seed)
-    argv = [sys.executable, "-m", "verl.trainer.main_ppo", *training_overrides(cfg, model_path, train_file, val_file, run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        *training_overrides(cfg, model_path, train_file, val_file, run_dir),
+    ]
     env = dict(os.environ)
     env.update(
         VERL_PLATFORM="cpu",
@@ -187,7 +194,9 @@ def follow_training(argv: list[str], env: dict[str, str], run_dir: str, steps: i
         finally:
             bar.close()
     if proc.returncode != 0:
-        print(f"verl-pipe: training exited with status {proc.returncode}; last errors from {log_path}:", file=sys.stderr)
+        print(
+            f"verl-pipe: training exited with status {proc.returncode}; last errors from {log_path}:", file=sys.stderr
+        )
         print(_error_tail(log_path), file=sys.stderr)
     elif len(seen) < steps:
         print(f"verl-pipe: training ended after {len(seen)} of {steps} steps; see {log_path}", file=sys.stderr)

@@ -96,14 +96,20 @@ def register() -> None:
 
     from verl_pipe.backends.cpu.platform import register_platform, selected
 
-    steps = [("cpu platform", register_platform), ("hf rollout", _register_rollout), ("platform guard", _guard_silent_nvidia_fallback)]
+    steps = [
+        ("cpu platform", register_platform),
+        ("hf rollout", _register_rollout),
+        ("platform guard", _guard_silent_nvidia_fallback),
+    ]
     if selected():
         steps.append(("cpu backend", _register_cpu_backend))
     for what, step in steps:
         try:
             step()
         except Exception as error:  # noqa: BLE001 - reported loudly; verl would swallow it at DEBUG
-            logger.warning("verl-pipe: registering the %s failed: %s: %s", what, type(error).__name__, error, exc_info=True)
+            logger.warning(
+                "verl-pipe: registering the %s failed: %s: %s", what, type(error).__name__, error, exc_info=True
+            )
     REGISTERED.setdefault("platform", []).append("cpu")
 
 

@@ -24,7 +24,9 @@ def test_every_patch_still_matches_verl(patch):
     assert patch.upstream, "every patch names the upstream fix it stands in for"
 
 
-@pytest.mark.parametrize("version,ok", [("0.9.1", True), ("0.9.7", True), ("0.9.0", False), ("0.10.0", False), ("0.8.2", False)])
+@pytest.mark.parametrize(
+    "version,ok", [("0.9.1", True), ("0.9.7", True), ("0.9.0", False), ("0.10.0", False), ("0.8.2", False)]
+)
 def test_version_range(version, ok):
     if ok:
         assert check_verl_version(Version(version)) == Version(version)
@@ -95,11 +97,14 @@ def test_process_group_on_cpu_needs_the_patch(plugins, expect):
     if plugins == "none":
         # verl alone does not know the cpu platform; register it by hand but leave verl's function unpatched.
         code = GLOO_INIT.replace(
-            "import verl,", "import verl\nfrom verl_pipe.backends.cpu.platform import register_platform; register_platform()\nimport"
+            "import verl,",
+            "import verl\nfrom verl_pipe.backends.cpu.platform import register_platform; register_platform()\nimport",
         )
     else:
         code = GLOO_INIT
-    out = subprocess.run([sys.executable, "-c", code, _free_port()], env=env, capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-c", code, _free_port()], env=env, capture_output=True, text=True, timeout=180
+    )
     assert expect in out.stdout, out.stdout + out.stderr[-2000:]
 
 

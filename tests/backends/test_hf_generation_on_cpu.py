@@ -64,7 +64,9 @@ def test_abort_returns_partial_tokens(generator):
         calls["n"] += 1
         return calls["n"] >= 3
 
-    result = generator.generate([GenerationRequest([5, 6], max_tokens=50, temperature=1.0)], should_stop=stop_after_three)[0]
+    result = generator.generate(
+        [GenerationRequest([5, 6], max_tokens=50, temperature=1.0)], should_stop=stop_after_three
+    )[0]
     if result.finish_reason != "stop":
         assert result.finish_reason == "abort"
         assert len(result.token_ids) == 3 == len(result.log_probs)
@@ -83,7 +85,9 @@ def test_top_k_and_top_p_filtering_by_hand():
 def test_shared_prompt_rows_match_unshared_decoding(generator):
     """Guards: the shared-prefix prefill (one KV cache fanned out to n samples) mixing up rows or positions."""
     prompt = list(range(30, 45))
-    shared = generator.generate([GenerationRequest(prompt, 8, 0.0), GenerationRequest([7, 8], 8, 0.0), GenerationRequest(prompt, 8, 0.0)])
+    shared = generator.generate(
+        [GenerationRequest(prompt, 8, 0.0), GenerationRequest([7, 8], 8, 0.0), GenerationRequest(prompt, 8, 0.0)]
+    )
     alone = generator.generate([GenerationRequest(prompt, 8, 0.0)])[0]
     assert shared[0].token_ids == shared[2].token_ids == alone.token_ids
     for a, b in zip(shared[0].log_probs, alone.log_probs):

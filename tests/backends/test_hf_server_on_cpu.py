@@ -18,10 +18,14 @@ def server(ray_cluster, tiny_model_path):
     from verl_pipe.backends.cpu.hf_server import HFRolloutServer
 
     ray.init(address=ray_cluster, ignore_reinit_error=True, log_to_driver=False)
-    rollout = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=16, dtype="float32")
+    rollout = RolloutConfig(
+        name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=16, dtype="float32"
+    )
     model = HFModelConfig(path=tiny_model_path)
-    handle = ray.remote(HFRolloutServer).options(num_cpus=0, max_concurrency=64).remote(
-        config=OmegaConf.structured(rollout), model_config=model, replica_rank=0
+    handle = (
+        ray.remote(HFRolloutServer)
+        .options(num_cpus=0, max_concurrency=64)
+        .remote(config=OmegaConf.structured(rollout), model_config=model, replica_rank=0)
     )
     yield handle
     ray.kill(handle)
@@ -37,7 +41,10 @@ def _call(ref):
 def test_concurrent_requests_share_batches(server):
     """Guards: a server that serialises requests one at a time (the trainer would idle on CPU)."""
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
-    refs = [server.generate.remote(prompt_ids=[5, 6, 7, i + 8], sampling_params=dict(params), request_id=f"r{i}") for i in range(12)]
+    refs = [
+        server.generate.remote(prompt_ids=[5, 6, 7, i + 8], sampling_params=dict(params), request_id=f"r{i}")
+        for i in range(12)
+    ]
     outputs = [_call(r) for r in refs]
     stats = _call(server.get_stats.remote())
     assert stats["max_batch"] > 1 and stats["batches"] < 12
@@ -49,7 +56,9 @@ def test_concurrent_requests_share_batches(server):
 
 
 def test_max_tokens_and_logprob_flag(server):
-    out = _call(server.generate.remote(prompt_ids=[5, 6], sampling_params={"temperature": 0, "max_tokens": 3}, request_id="x"))
+    out = _call(
+        server.generate.remote(prompt_ids=[5, 6], sampling_params={"temperature": 0, "max_tokens": 3}, request_id="x")
+    )
     assert len(out.token_ids) <= 3 and out.log_probs is None
 
 

@@ -99,9 +99,7 @@ def test_trainer_syncs_weights_to_rollout(
     with open(probe) as fh:
         syncs = [json.loads(line) for line in fh]
     for replica in range(ranks):
-        shifts = [
-            max(abs(a - b) for a, b in zip(s["after"], s["before"])) for s in syncs if s["replica"] == replica
-        ]
+        shifts = [max(abs(a - b) for a, b in zip(s["after"], s["before"])) for s in syncs if s["replica"] == replica]
         # One sync per training step changes the policy (an initial sync of unchanged weights may precede them).
         moved = [shift for shift in shifts if shift > 10 * LOGPROB_TOL]
         assert len(moved) >= 2, f"replica {replica}: probe shifts per sync {shifts}"

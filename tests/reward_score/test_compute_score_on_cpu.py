@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -238,3 +239,13 @@ def test_functional_large_correct_output_passes():
     assert compute_score(SOURCE, fenced("def upto(n):\n    return list(range(n))"), tests, info)["outcome"] == "pass"
     off_by_one = compute_score(SOURCE, fenced("def upto(n):\n    return list(range(1, n + 1))"), tests, info)
     assert off_by_one["outcome"] == "wrong_answer"
+
+
+def test_sandbox_runs_when_python_lives_under_tmp(monkeypatch, tmp_path):
+    """Guards: a checkout or venv under /tmp (as in CI) vanishing behind the sandbox's private /tmp, which
+    turned every program, right or wrong, into a runtime error."""
+    link = tmp_path / "venv-python"
+    link.symlink_to(os.path.realpath(sys.executable))
+    monkeypatch.setattr(sys, "executable", str(link))
+    result = run_program("print(int(input()) * 2)", "21\n", timeout=5)
+    assert (result.returncode, result.stdout.strip()) == (0, "42"), result.stderr

@@ -49,7 +49,7 @@ CHATML_TEMPLATE = (
     "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
     "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\\n</tool_call><|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{%- for message in messages -%}"
@@ -64,7 +64,7 @@ CHATML_TEMPLATE = (
     "{%- for tc in (message.tool_calls or []) -%}"
     "{%- set f = tc.function if tc.function is defined else tc -%}"
     "{%- if content(message.content) or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
-    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
+    '{{- \'<tool_call>\\n{"name": "\' + f.name + \'", "arguments": \' -}}'
     "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
     "{{- '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
@@ -155,8 +155,11 @@ if __name__ == "__main__":
 '''
 
 _CHAT = [
-    ("You are a helpful assistant.", "Write a Python program that reads two integers and prints their sum.",
-     "Here is a program:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```"),
+    (
+        "You are a helpful assistant.",
+        "Write a Python program that reads two integers and prints their sum.",
+        "Here is a program:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```",
+    ),
     ("You are a helpful assistant.", "What is the capital of France?", "The capital of France is Paris."),
     ("You are a careful coding assistant.", "Fix the bug: def f(x): return x +", "def f(x):\n    return x + 1"),
     ("You are a helpful assistant.", "Solve 12 * 7.", "12 * 7 = 84. The answer is \\boxed{84}."),

@@ -12,7 +12,6 @@ cores with the trainer ranks they alternate with, and a zero request can never l
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any, AsyncGenerator, Generator
 
 import ray
@@ -23,18 +22,26 @@ from verl.workers.rollout.replica import RolloutReplica
 from verl_pipe.backends.cpu.hf_server import HFRolloutServer, server_actor_name
 from verl_pipe.compat import SetupError
 
-logger = logging.getLogger("verl_pipe")
-
-ROLLOUT_NAME = "hf"
-
 
 class HFReplica(RolloutReplica):
-    def __init__(self, replica_rank, config, model_config, gpus_per_node=8, is_reward_model=False, is_teacher_model=False, name_suffix=""):
-        super().__init__(replica_rank, config, model_config, gpus_per_node, is_reward_model, is_teacher_model, name_suffix)
+    def __init__(
+        self,
+        replica_rank,
+        config,
+        model_config,
+        gpus_per_node=8,
+        is_reward_model=False,
+        is_teacher_model=False,
+        name_suffix="",
+    ):
+        super().__init__(
+            replica_rank, config, model_config, gpus_per_node, is_reward_model, is_teacher_model, name_suffix
+        )
         if self.world_size != 1:
             raise SetupError(
-                "the hf rollout runs one process per replica: set actor_rollout_ref.rollout.tensor_model_parallel_size=1 "
-                f"(and data/pipeline parallel sizes to 1); got a replica world size of {self.world_size}."
+                "the hf rollout runs one process per replica: set "
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline parallel sizes to 1); "
+                f"got a replica world size of {self.world_size}."
             )
 
     def rollout_worker_use_gpu(self) -> bool:
@@ -62,9 +69,11 @@ class HFServerAdapter(BaseRollout):
         super().__init__(config, model_config, device_mesh)
         if device_mesh is not None:  # hybrid: one replica per data-parallel rank
             self.replica_rank = device_mesh["dp"].get_local_rank()
-        else:
+        else:  # a checkpoint-engine worker of a standalone/colocated replica is told its rank
             self.replica_rank = replica_rank
         self.bucket_bytes = int(self.config.checkpoint_engine.update_weights_bucket_megabytes) << 20
+        # The server holds its weights in the rollout dtype; casting here halves what crosses Ray for bf16.
+        self.rollout_dtype = getattr(torch, str(self.config.dtype), torch.float32)
         self._server = None
 
     def _server_handle(self):
@@ -93,8 +102,9 @@ class HFServerAdapter(BaseRollout):
         pending = []
         # Every rank must drain the generator: materialising a sharded tensor is a collective.
         async for name, tensor in _as_async_iter(weights):
-            # clone: on CPU the gathered tensor can alias the live parameter the optimizer will overwrite.
-            tensor = tensor.detach().to("cpu").clone()
+            # Always a copy: on CPU the gathered tensor can alias the live parameter the optimizer overwrites.
+            dtype = self.rollout_dtype if tensor.is_floating_point() else tensor.dtype
+            tensor = tensor.detach().to(device="cpu", dtype=dtype, copy=True)
             bucket.append((name, tensor))
             bucket_size += tensor.numel() * tensor.element_size()
             if bucket_size >= self.bucket_bytes:

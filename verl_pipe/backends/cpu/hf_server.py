@@ -25,8 +25,8 @@ import torch
 
 from verl_pipe.backends.cpu.hf_generation import BatchedGenerator, GenerationRequest, GenerationResult
 
-logger = logging.getLogger("verl_pipe")
-logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))  # verl's own switch for its modules' verbosity
+logger = logging.getLogger("verl_pipe.hf_server")
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))  # verl's own verbosity switch; INFO logs every batch
 
 # When set to a file path, every weight sync appends the log-probs of a fixed probe sequence under the served
 # weights before and after the sync: evidence, for tests and debugging, that a sync really changed the policy.
@@ -116,7 +116,9 @@ class HFRolloutServer:
             raise NotImplementedError("the hf rollout server serves text-only models")
         while not self._generation_allowed.is_set():
             if self._rejecting:
-                return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
+                return TokenOutput(
+                    token_ids=[], stop_reason="aborted", extra_fields={"global_steps": self.global_steps}
+                )
             await self._generation_allowed.wait()
 
         prompt_ids = list(prompt_ids)
@@ -176,8 +178,8 @@ class HFRolloutServer:
                         if not pending.future.done():
                             pending.future.set_exception(error)
                     continue
-            logger.info("hf rollout %d: batch of %d requests, %d tokens", self.replica_rank, len(batch),
-                        sum(len(r.token_ids) for r in results))
+            tokens = sum(len(r.token_ids) for r in results)
+            logger.info("hf rollout %d: batch of %d requests, %d tokens", self.replica_rank, len(batch), tokens)
             self.stats["batches"] += 1
             self.stats["requests"] += len(batch)
             self.stats["max_batch"] = max(self.stats["max_batch"], len(batch))
