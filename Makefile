@@ -18,7 +18,7 @@ $(STAMP): setup.py Makefile
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap >/dev/null; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	@# On machines without an NVIDIA driver take the local CPU build of torch; plain `torch` pulls GBs of CUDA.
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi
 	$(BIN)/pip install -q -e '.[cpu,test]'
