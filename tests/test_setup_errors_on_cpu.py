@@ -65,3 +65,10 @@ def test_bad_quickstart_setting_names_the_flag(capsys):
     with pytest.raises(SystemExit):
         cli.main(["quickstart", "--samples-per-prompt", "1"])
     assert "samples_per_prompt" in capsys.readouterr().err
+
+
+def test_doctor_reports_registrations(capsys, monkeypatch):
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "(supported)" in out and "registered rollout: hf" in out and "bubblewrap: /" in out
