@@ -34,6 +34,8 @@ class QuickstartConfig:
     temperature: float = 1.0
     lr: float = 2e-6
     ranks: int = 1
+    # Greedy validation on the held-out problems after the last step (verl's own _validate, through the rollout).
+    validate_at_end: bool = True
     seed: int = 0
     out_dir: Optional[str] = None
     # Join this running Ray cluster instead of starting one (tests share one cluster across runs).
@@ -101,7 +103,7 @@ def training_overrides(
         "trainer.project_name=verl_pipe_quickstart",
         f"trainer.experiment_name={os.path.basename(run_dir)}",
         "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
+        f"trainer.test_freq={cfg.steps if cfg.validate_at_end else -1}",
         "trainer.save_freq=-1",
         f"trainer.default_local_dir={os.path.join(run_dir, 'checkpoints')}",
         f"trainer.rollout_data_dir={os.path.join(run_dir, 'rollouts')}",

@@ -24,6 +24,7 @@ PHASE_KEYS = {
     "timing_s/adv": "adv",
     "timing_s/update_actor": "update_actor",
     "timing_s/update_weights": "update_weights",
+    "timing_s/testing": "validate",
     "timing_s/step": "step",
 }
 
@@ -36,6 +37,8 @@ class StepSummary:
     format_rate: Optional[float]
     response_length_mean: float
     response_clip_ratio: float
+    # Greedy pass rate on the validation split, on steps where verl validated.
+    val_pass_rate: Optional[float] = None
     phases_s: dict[str, float] = field(default_factory=dict)
     verl: dict[str, float] = field(default_factory=dict)
 
@@ -44,10 +47,11 @@ class StepSummary:
             return "  n/a" if value is None else f"{100 * value:4.0f}%"
 
         phases = " ".join(f"{name}={secs:.1f}s" for name, secs in self.phases_s.items() if name != "step")
+        val = "" if self.val_pass_rate is None else f" | val pass {pct(self.val_pass_rate)} (greedy)"
         return (
             f"step {self.step:3d} | reward {self.reward_mean:+.3f} | pass {pct(self.pass_rate)} | "
             f"format {pct(self.format_rate)} | resp_len {self.response_length_mean:6.1f} | "
-            f"step {self.phases_s.get('step', float('nan')):.1f}s ({phases})"
+            f"step {self.phases_s.get('step', float('nan')):.1f}s ({phases}){val}"
         )
 
     def to_json(self) -> str:
@@ -69,6 +73,12 @@ def read_rollout_dump(path: str) -> tuple[Optional[float], Optional[float]]:
     return sum(s >= 1.0 for s in scores) / len(scores), sum(formatted) / len(formatted)
 
 
+def validation_pass_rate(verl_metrics: dict) -> Optional[float]:
+    """Mean of the reward's ``passed`` field over validation samples (verl: ``val-aux/<source>/passed/mean@1``)."""
+    values = [float(v) for k, v in verl_metrics.items() if k.startswith("val-aux/") and k.endswith("/passed/mean@1")]
+    return sum(values) / len(values) if values else None
+
+
 def summarize_step(step: int, verl_metrics: dict, rollout_dump: Optional[str]) -> StepSummary:
     pass_rate, format_rate = read_rollout_dump(rollout_dump) if rollout_dump else (None, None)
     phases = {short: float(verl_metrics[key]) for key, short in PHASE_KEYS.items() if key in verl_metrics}
@@ -79,6 +89,7 @@ def summarize_step(step: int, verl_metrics: dict, rollout_dump: Optional[str]) -
         format_rate=format_rate,
         response_length_mean=float(verl_metrics.get("response_length/mean", float("nan"))),
         response_clip_ratio=float(verl_metrics.get("response_length/clip_ratio", float("nan"))),
+        val_pass_rate=validation_pass_rate(verl_metrics),
         phases_s=phases,
         verl={k: float(v) for k, v in verl_metrics.items() if isinstance(v, (int, float))},
     )

@@ -61,6 +61,8 @@ def test_quickstart_v1_one_rank_with_code_reward(tmp_path, tiny_model_path, ray_
         assert row["pass_rate"] is not None and 0.0 <= row["pass_rate"] <= 1.0
         assert row["verl"]["training/rollout_probs_diff_max"] < LOGPROB_TOL
         assert {"gen", "update_actor", "step"} <= set(row["phases_s"])
+    # Greedy validation after the last step ran through the hf server and verl's validation metrics.
+    assert rows[0]["val_pass_rate"] is None and rows[1]["val_pass_rate"] is not None
     assert os.path.getsize(os.path.join(cfg.out_dir, "curves.png")) > 10_000
 
 
