@@ -96,8 +96,12 @@ def register() -> None:
 
     from verl_pipe.backends.cpu.platform import register_platform, selected
 
+    def _register_platform() -> None:
+        register_platform()
+        REGISTERED.setdefault("platform", []).append("cpu")
+
     steps = [
-        ("cpu platform", register_platform),
+        ("cpu platform", _register_platform),
         ("hf rollout", _register_rollout),
         ("platform guard", _guard_silent_nvidia_fallback),
     ]
@@ -110,7 +114,6 @@ def register() -> None:
             logger.warning(
                 "verl-pipe: registering the %s failed: %s: %s", what, type(error).__name__, error, exc_info=True
             )
-    REGISTERED.setdefault("platform", []).append("cpu")
 
 
 register()

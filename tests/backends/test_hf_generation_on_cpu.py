@@ -58,18 +58,16 @@ def test_zero_budget_request_returns_empty(generator):
 
 def test_abort_returns_partial_tokens(generator):
     """Guards: an abort (weight sync in async modes) losing the tokens already generated."""
+    no_eos = BatchedGenerator(generator.model, eos_token_ids=[10**6], pad_token_id=0)  # only the abort can stop it
     calls = {"n": 0}
 
     def stop_after_three() -> bool:
         calls["n"] += 1
         return calls["n"] >= 3
 
-    result = generator.generate(
-        [GenerationRequest([5, 6], max_tokens=50, temperature=1.0)], should_stop=stop_after_three
-    )[0]
-    if result.finish_reason != "stop":
-        assert result.finish_reason == "abort"
-        assert len(result.token_ids) == 3 == len(result.log_probs)
+    result = no_eos.generate([GenerationRequest([5, 6], max_tokens=50, temperature=1.0)], should_stop=stop_after_three)[0]
+    assert result.finish_reason == "abort"
+    assert len(result.token_ids) == 3 == len(result.log_probs)
 
 
 def test_top_k_and_top_p_filtering_by_hand():

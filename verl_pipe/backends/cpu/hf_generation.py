@@ -85,7 +85,14 @@ class BatchedGenerator:
             prefill_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             prefill_mask[row, width - len(prompt) :] = 1
         prefill_pos = (prefill_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=prefill_ids, attention_mask=prefill_mask, position_ids=prefill_pos, use_cache=True)
+        # logits_to_keep=1: only the last position's logits are needed, not prompt_len x vocab of them.
+        out = self.model(
+            input_ids=prefill_ids,
+            attention_mask=prefill_mask,
+            position_ids=prefill_pos,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         fan_out = torch.tensor(row_to_unique, dtype=torch.long)
         past = out.past_key_values
         if len(prompts) != bsz:
@@ -139,6 +146,7 @@ class BatchedGenerator:
                 position_ids=position_ids,
                 past_key_values=past,
                 use_cache=True,
+                logits_to_keep=1,
             )
             past = out.past_key_values
             logits = out.logits[:, -1, :]

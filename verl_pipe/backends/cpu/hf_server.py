@@ -16,7 +16,6 @@ import asyncio
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -65,8 +64,6 @@ class HFRolloutServer:
         self.replica_rank = replica_rank
         self.max_batch_size = max(1, min(max_batch_size, self.config.max_num_seqs))
         torch.manual_seed(self.config.seed + replica_rank)
-        if os.environ.get("VERL_PIPE_ROLLOUT_THREADS"):
-            torch.set_num_threads(int(os.environ["VERL_PIPE_ROLLOUT_THREADS"]))
 
         dtype = getattr(torch, str(self.config.dtype)) if self.config.dtype else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(
@@ -183,8 +180,8 @@ class HFRolloutServer:
             self.stats["batches"] += 1
             self.stats["requests"] += len(batch)
             self.stats["max_batch"] = max(self.stats["max_batch"], len(batch))
+            self.stats["tokens"] += tokens
             for pending, result in zip(batch, results):
-                self.stats["tokens"] += len(result.token_ids)
                 if not pending.future.done():
                     pending.future.set_result(result)
 
@@ -279,6 +276,3 @@ class HFRolloutServer:
     def get_server_address(self) -> tuple[str, int]:
         # There is no HTTP endpoint: verl reaches this server through its actor handle only.
         return ray.util.get_node_ip_address().strip("[]"), 0
-
-    async def wall_time(self) -> float:
-        return time.time()
