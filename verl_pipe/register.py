@@ -8,6 +8,8 @@ DEBUG; this module therefore reports its own failures at WARNING, with the cause
 What it registers:
   * the ``cpu`` platform (selected with ``VERL_PLATFORM=cpu``; never auto-detected);
   * the ``hf`` rollout backend (``actor_rollout_ref.rollout.name=hf``);
+  * GRPO+ (``algorithm.adv_estimator=grpo_plus``, ``policy_loss.loss_mode=grpo_plus``) and its patches, each
+    applied when verl imports the module it extends;
   * with ``VERL_PLATFORM=cpu``: verl's FSDP2 engines for device ``cpu`` and the version-guarded CPU patches.
 """
 
@@ -100,8 +102,15 @@ def register() -> None:
         register_platform()
         REGISTERED.setdefault("platform", []).append("cpu")
 
+    def _register_algorithms() -> None:
+        from verl_pipe.algorithms.hooks import install
+
+        install()
+        REGISTERED.setdefault("algorithms", []).append("grpo_plus")
+
     steps = [
         ("cpu platform", _register_platform),
+        ("GRPO+ algorithms", _register_algorithms),
         ("hf rollout", _register_rollout),
         ("platform guard", _guard_silent_nvidia_fallback),
     ]

@@ -130,7 +130,7 @@ def test_value_head_loads_with_sdpa(tiny_model_path):
 
 def test_skipped_patch_warns(monkeypatch, caplog):
     """A patch whose target changed is skipped loudly, never applied to code we have not read."""
-    stale = patches.CpuPatch("stale", CPU_PATCHES[0].target, "text verl never had", "n/a", apply=lambda: None)
+    stale = patches.VerlPatch("stale", CPU_PATCHES[0].target, "text verl never had", "n/a", apply=lambda: None)
     monkeypatch.setattr(patches, "CPU_PATCHES", (stale,))
     with caplog.at_level("WARNING", logger="verl_pipe"):
         assert apply_cpu_patches() == []

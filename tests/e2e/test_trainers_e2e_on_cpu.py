@@ -15,6 +15,7 @@ the rollout server, for 2 steps. What is checked, per run:
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -32,11 +33,12 @@ LENGTH_REWARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "length
 pytestmark = pytest.mark.timeout(900)
 
 
-def _cfg(tmp_path, model, trainer, ranks, ray_address) -> QuickstartConfig:
+def _cfg(tmp_path, model, trainer, ranks, ray_address, algorithm="grpo", steps=2) -> QuickstartConfig:
     return QuickstartConfig(
         model=model,
         trainer=trainer,
-        steps=2,
+        algorithm=algorithm,
+        steps=steps,
         prompts_per_step=4,
         samples_per_prompt=2,  # smallest GRPO group; 8 samples split evenly over 1 or 2 ranks
         max_response_length=24,  # enough tokens for a log-prob comparison, short enough for CI
@@ -52,8 +54,8 @@ def _step_records(steps: list[dict]) -> list[dict]:
 
 
 def test_quickstart_v1_one_rank_with_code_reward(tmp_path, tiny_model_path, ray_cluster):
-    """`verl-pipe quickstart` path: V1 sync trainer, 1 rank, the real code reward; metrics.jsonl and the PNG."""
-    cfg = _cfg(tmp_path, tiny_model_path, "v1", 1, ray_cluster)
+    """`verl-pipe quickstart` path (GRPO+ preset): V1 sync trainer, 1 rank, the real code reward; metrics.jsonl, PNG."""
+    cfg = _cfg(tmp_path, tiny_model_path, "v1", 1, ray_cluster, algorithm="grpo_plus")
     assert run(cfg) == 0, open(os.path.join(cfg.out_dir, "train.log")).read()[-4000:]
     with open(os.path.join(cfg.out_dir, "metrics.jsonl")) as fh:
         rows = [json.loads(line) for line in fh]
@@ -106,3 +108,40 @@ def test_trainer_syncs_weights_to_rollout(
         # One sync per training step changes the policy (an initial sync of unchanged weights may precede them).
         moved = [shift for shift in shifts if shift > 10 * LOGPROB_TOL]
         assert len(moved) >= 2, f"replica {replica}: probe shifts per sync {shifts}"
+
+
+@pytest.mark.parametrize("trainer", ["v1", "legacy"])
+def test_grpo_plus_through_verls_trainer(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, trainer):
+    """3 steps with algorithm.adv_estimator=grpo_plus and policy_loss.loss_mode=grpo_plus (the preset).
+
+    The random tiny model rarely emits EOS, so most responses are truncated; with overlong_filter=wrong the
+    ones the test reward scores 0 are masked and the rest train, so both the mask and real updates run.
+    """
+    cfg = _cfg(tmp_path, tiny_model_path, trainer, 1, ray_cluster, algorithm="grpo_plus", steps=3)
+    run_dir = cfg.out_dir
+    train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
+    overrides = training_overrides(cfg, tiny_model_path, train_file, val_file, run_dir) + [
+        f"reward.custom_reward_function.path={LENGTH_REWARD}",
+        "reward.custom_reward_function.name=half_zero_score",
+        "actor_rollout_ref.actor.policy_loss.overlong_filter=wrong",
+    ]
+    assert "algorithm.adv_estimator=grpo" not in overrides
+    rc, steps, log = verl_runner(overrides, run_dir)
+    assert rc == 0, tail_of(log)
+    records = _step_records(steps)
+    assert len(records) == 3, tail_of(log)
+    for data in records:
+        assert math.isfinite(data["actor/pg_loss"]) and math.isfinite(data["actor/grad_norm"])
+        assert data["grpo_plus/groups_total"] == cfg.prompts_per_step
+        assert 0 <= data["grpo_plus/groups_degenerate"] <= cfg.prompts_per_step
+        assert data["actor/grpo_plus/truncated_frac"] >= data["actor/grpo_plus/overlong_masked_frac"] >= 0
+        for name in ("clipfrac_high", "clipfrac_low", "ratio_mean", "approx_kl_old_new"):
+            assert math.isfinite(data[f"actor/grpo_plus/{name}"])
+        # the rollout log-probs reached the loss: the token-level IS mask ran
+        assert 0 <= data["actor/grpo_plus/is_masked_frac"] < 0.5
+        assert math.isfinite(data["actor/grpo_plus/approx_kl_rollout_old"])
+        assert not any(key.startswith(("timing_s/ref", "actor/kl_loss")) for key in data), "no reference model"
+    # over the run (sampling varies by step): truncated responses were masked, and the policy was updated
+    assert max(data["actor/grpo_plus/overlong_masked_frac"] for data in records) > 0
+    assert max(data["actor/grpo_plus/truncated_frac"] for data in records) > 0.5
+    assert max(data["actor/grad_norm"] for data in records) > 0

@@ -1,62 +1,15 @@
 """The few monkeypatches verl 0.9.x needs to run its real dataflow on the CPU platform.
 
-Each patch is a :class:`CpuPatch`: a fingerprint of the verl source it replaces (so a verl that changed
-underneath us is detected, by a test and at run time, instead of being patched blindly), the upstream fix it
-stands in for, and the replacement. Patches apply only when ``VERL_PLATFORM=cpu`` and only on a supported verl
-version; on GPU nothing here runs.
+Each is a :class:`~verl_pipe.patching.VerlPatch` (fingerprinted, version-guarded). They apply only when
+``VERL_PLATFORM=cpu`` and only on a supported verl version; on GPU nothing here runs.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
-import logging
-from dataclasses import dataclass
-from typing import Callable
 
-from verl_pipe.compat import check_verl_version
-
-logger = logging.getLogger("verl_pipe")
-
-_PATCH_MARK = "__verl_pipe_patched__"
-
-
-@dataclass(frozen=True)
-class CpuPatch:
-    name: str
-    # "module:qualname" of the verl function whose source must contain `fingerprint`.
-    target: str
-    fingerprint: str
-    # The upstream fix this patch stands in for, in one line.
-    upstream: str
-    apply: Callable[[], None]
-
-    def target_source(self) -> str:
-        module_name, qualname = self.target.split(":")
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        obj = getattr(obj, "__wrapped__", obj)
-        return inspect.getsource(obj)
-
-    def matches(self) -> bool:
-        """True while verl still contains the code this patch was written against."""
-        return self.fingerprint in self.target_source()
-
-
-def _mark(original):
-    """Mark a replacement as ours and keep the original reachable (``__wrapped__``) for fingerprinting."""
-
-    def decorate(fn):
-        setattr(fn, _PATCH_MARK, True)
-        fn.__wrapped__ = original
-        return fn
-
-    return decorate
-
-
-def is_patched(fn) -> bool:
-    return getattr(fn, _PATCH_MARK, False)
+from verl_pipe.patching import VerlPatch, apply_patches, is_patched
+from verl_pipe.patching import mark_patched as _mark
 
 
 # --- 1. Resource check counts only GPUs/NPUs --------------------------------------------------------------
@@ -159,29 +112,29 @@ def _patch_valuehead_attention() -> None:
     model_utils.load_valuehead_model = load_valuehead_model
 
 
-CPU_PATCHES: tuple[CpuPatch, ...] = (
-    CpuPatch(
+CPU_PATCHES: tuple[VerlPatch, ...] = (
+    VerlPatch(
         name="resource_check_counts_cpus",
         target="verl.single_controller.ray.base:ResourcePoolManager._check_resource_available",
         fingerprint='node_info.get("GPU", 0) if "GPU" in node_info else node_info.get("NPU", 0)',
         upstream="ResourcePoolManager should count get_platform().ray_resource_name(), not GPU/NPU only",
         apply=_patch_resource_check,
     ),
-    CpuPatch(
+    VerlPatch(
         name="gloo_backend_string",
         target="verl.utils.distributed:initialize_global_process_group_ray",
         fingerprint='f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"',
         upstream="initialize_global_process_group_ray should not repeat 'cpu:gloo' when the device is cpu",
         apply=_patch_gloo_backend,
     ),
-    CpuPatch(
+    VerlPatch(
         name="fsdp2_offload_without_pinning",
         target="verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_fsdp_module",
         fingerprint="CPUOffloadPolicy(pin_memory=True)",
         upstream="FSDPEngine should pin offloaded memory only when an accelerator is present",
         apply=_patch_offload_pin_memory,
     ),
-    CpuPatch(
+    VerlPatch(
         name="valuehead_attention_from_config",
         target="verl.utils.model:load_valuehead_model",
         fingerprint='attn_implementation="flash_attention_2"',
@@ -192,22 +145,5 @@ CPU_PATCHES: tuple[CpuPatch, ...] = (
 
 
 def apply_cpu_patches() -> list[str]:
-    """Apply every CPU patch whose target still matches; returns the names applied.
-
-    A patch whose fingerprint no longer matches is skipped with a WARNING: verl may have fixed the bug
-    upstream, and patching code we have not read would be worse than running unpatched.
-    """
-    check_verl_version()
-    applied = []
-    for patch in CPU_PATCHES:
-        if not patch.matches():
-            logger.warning(
-                "verl-pipe: CPU patch %r skipped: %s no longer contains the code it replaces (upstream: %s)",
-                patch.name,
-                patch.target,
-                patch.upstream,
-            )
-            continue
-        patch.apply()
-        applied.append(patch.name)
-    return applied
+    """Apply every CPU patch whose target still matches; returns the names applied."""
+    return apply_patches(CPU_PATCHES, group="CPU")
