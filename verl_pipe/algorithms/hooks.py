@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +28,6 @@ import torch
 from verl_pipe.import_hooks import when_imported
 from verl_pipe.patching import VerlPatch, apply_patches, is_patched, mark_patched
 
-logger = logging.getLogger("verl_pipe")
 
 APPLIED: list[str] = []
 
