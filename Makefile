@@ -1,4 +1,4 @@
-# verl-pipe: `make demo` trains SmolLM2-135M with GRPO through verl's real trainer on CPU; `make test` runs the suite.
+# verl-pipe: `make demo` trains SmolLM2-135M with GRPO+ through verl's real trainer on CPU; `make test` runs the suite.
 # Both install everything first (idempotent: a stamp in the venv skips the work until setup.py or this file change).
 
 PYTHON ?= python3

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GRPO on the embedded coding problems with verl's stock entrypoint, on the CPU backend of verl-pipe.
+# GRPO+ on the embedded coding problems with verl's stock entrypoint, on the CPU backend of verl-pipe.
 # Exercises verl's real code paths on a laptop or CI box; it does not produce a useful model.
 #   bash recipes/quickstart_cpu.sh                                # SmolLM2-135M-Instruct, 3 steps
 #   MODEL=tiny STEPS=2 bash recipes/quickstart_cpu.sh trainer.use_v1=false   # any hydra override goes last
