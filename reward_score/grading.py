@@ -1,147 +1,58 @@
-"""Grade a candidate program against LiveCodeBench-format tests.
+"""Grade one program against its :class:`~.suites.TestSuite` in the sandbox, LiveCodeBench's way.
 
-Two kinds of tests exist (``testtype``):
+* Binary: the program passes iff every selected test passes; grading stops at the first failure.
+* stdin tests: LiveCodeBench's official rule (:func:`stdout_matches`). A program that crashes after printing
+  the right output fails; ``sys.exit()`` ends a stdin program normally (LiveCodeBench catches SystemExit).
+* functional tests: the return value, a returned tuple made a list (top level only, as LiveCodeBench does),
+  must ``==`` the expected JSON value. APPS/TACO-style suites also accept the expected value unwrapped from its
+  one-element list, as their own harness does (a documented per-source deviation).
+* assert tests (HumanEval, MBPP, KodCode): pass only if the check ran to completion; ``sys.exit(0)``,
+  ``os._exit(0)`` or an exit hook before that is a failure.
 
-* ``stdin``: the program reads the test input from standard input; its standard output is compared with the
-  expected output line by line after stripping, with a numeric (``decimal.Decimal``) fallback per line so
-  ``1.0`` and ``1.00`` agree. One subprocess per test, stopping at the first failure.
-* ``functional``: ``input`` holds one JSON argument per line and ``output`` the JSON of the return value.
-  All tests of a problem run in a single subprocess through a small driver that calls
-  ``Solution().<func_name>(*args)`` (or a top-level ``<func_name>``), and stops at the first failure.
+Deliberate deviations from LiveCodeBench's in-process harness, each tested: programs run as a real
+``__main__`` module with real stdin/stdout file descriptors (LCB wraps the code in a function and patches
+``sys.stdin``, which breaks correct programs that use ``global`` or ``sys.stdin.buffer``), and the timeout is
+enforced on wall-clock time per test with a kill of the whole process tree.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-from collections.abc import Sequence
+import time
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from .execute import ExecResult, run_program
-
-DEFAULT_TIMEOUT_S = 6.0
-SOLUTION_FILE = "solution.py"
-PAYLOAD_FILE = "payload.json"
-# Passing functional results up to this many characters are re-verified by the parent (see the driver).
-RECHECK_LIMIT = 64 * 1024
+from .sandbox import DeadlineExceeded, RunnerDied, SandboxConfig, SandboxError, SandboxSession, TestRun
+from .suites import TestCase, TestSuite
 
 PASS, WRONG_ANSWER, RUNTIME_ERROR, TIMEOUT = "pass", "wrong_answer", "runtime_error", "timeout"
+FORMAT_ERROR, SANDBOX_ERROR = "format_error", "sandbox_error"
+OUTCOMES = (PASS, WRONG_ANSWER, RUNTIME_ERROR, TIMEOUT, FORMAT_ERROR, SANDBOX_ERROR)
 
-# `exit()`/`quit()` are installed by the `site` module, which `python -S` skips; models call them often
-# enough that leaving them undefined would turn correct programs into runtime errors.
-_EXIT_SHIM = "import builtins, sys\nbuiltins.exit = builtins.quit = sys.exit\n"
+DEFAULT_TIMEOUT_S = 6.0
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 12.0
 
-# runpy keeps `__main__` semantics (guards run) and `from __future__` imports valid, which pasting the
-# candidate after a prelude would break.
-_STDIN_LAUNCHER = _EXIT_SHIM + f"import runpy\nrunpy.run_path({SOLUTION_FILE!r}, run_name='__main__')\n"
 
-# Names LeetCode-style solutions use without importing them.
-_FUNCTIONAL_PRELUDE = """\
-from typing import *
-import collections, math, itertools, heapq, bisect, functools, string, re, operator, random, sys, copy
-from collections import Counter, defaultdict, deque, OrderedDict
-from functools import lru_cache, cache, reduce
-from itertools import accumulate, combinations, permutations, product
-from heapq import heappush, heappop, heapify
-from bisect import bisect_left, bisect_right, insort
-from math import inf, gcd, sqrt, ceil, floor
-"""
+@dataclass(frozen=True)
+class GradingConfig:
+    timeout_s: float = DEFAULT_TIMEOUT_S  # per test
+    # Whole-program budget; None means LiveCodeBench's (timeout + 1) * tests + 5.
+    deadline_s: float | None = None
+    max_tests: int | None = 15  # for TACO / APPS / CodeContests / PrimeIntellect / Codeforces
 
-# The driver reads everything it needs before the candidate runs, so a solution that changes directory or
-# reads stdin cannot interfere. Candidate prints are discarded; results go to the real stdout on lines
-# prefixed by a per-run random sentinel. A watchdog thread enforces the per-test timeout (no signals: the
-# candidate may install its own handlers); GIL-hogging C loops are caught by the parent's overall deadline.
-_FUNCTIONAL_DRIVER = (
-    (
-        _EXIT_SHIM
-        + """\
-import io, json, os, threading
-with open(PAYLOAD_FILE, encoding="utf-8") as _f:
-    _payload = json.load(_f)
-with open(SOLUTION_FILE, encoding="utf-8") as _f:
-    _source = _f.read()
-# The payload holds the expected outputs; do not leave them lying around for the candidate to read.
-os.remove(PAYLOAD_FILE)
-_real_stdout = sys.stdout
-_lock = threading.Lock()
-_active = [None]
+    def __post_init__(self) -> None:
+        if not MIN_TIMEOUT_S <= float(self.timeout_s) <= MAX_TIMEOUT_S:
+            raise ValueError(f"timeout must be within [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}] s, got {self.timeout_s}")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError(f"deadline_s must be positive, got {self.deadline_s}")
+        if self.max_tests is not None and self.max_tests < 1:
+            raise ValueError(f"max_tests must be >= 1 (or None for all tests), got {self.max_tests}")
 
-def _report(record):
-    _real_stdout.write(_payload["sentinel"] + json.dumps(record) + "\\n")
-    _real_stdout.flush()
-
-def _expire(token, index):
-    with _lock:
-        if _active[0] is token:
-            _report({"index": index, "status": "timeout"})
-            os._exit(0)
-
-def _guarded(index, fn):
-    # A fresh token per call so a timer that fired just as its call returned cannot kill the next call.
-    token = _active[0] = object()
-    timer = threading.Timer(_payload["timeout"], _expire, args=(token, index))
-    timer.daemon = True
-    timer.start()
-    try:
-        return fn()
-    finally:
-        with _lock:
-            _active[0] = None
-        timer.cancel()
-
-class _Sink(io.TextIOBase):
-    def write(self, s):
-        return len(s)
-
-sys.stdout = _Sink()
-_ns = {"__name__": "solution", "__builtins__": builtins}
-try:
-    exec(_payload["prelude"], _ns)
-    _from_prelude = dict(_ns)
-    _code = compile(_source, "solution.py", "exec")
-    _guarded(0, lambda: exec(_code, _ns))
-except BaseException as exc:
-    _report({"index": 0, "status": "load_error", "error": repr(exc)[:500]})
-    os._exit(0)
-
-def _target():
-    name = _payload["func_name"]
-    cls = _ns.get("Solution")
-    if isinstance(cls, type) and hasattr(cls, name):
-        return getattr(cls(), name)
-    # A name only the prelude provides (e.g. math.gcd) is not the candidate's answer; the candidate must
-    # define or import it itself at module level.
-    fn = _ns.get(name)
-    if callable(fn) and (fn is not _from_prelude.get(name) or name in _code.co_names):
-        return _ns[name]
-    raise NameError("no Solution." + name + " or top-level " + name)
-
-for _i, (_args, _expected) in enumerate(_payload["tests"]):
-    try:
-        _result = _guarded(_i, lambda: _target()(*_args))
-    except BaseException as exc:
-        _report({"index": _i, "status": "error", "error": repr(exc)[:500]})
-        break
-    try:
-        _output = json.dumps(_result)
-    except (TypeError, ValueError) as exc:
-        _report({"index": _i, "status": "unserializable", "error": repr(exc)[:500]})
-        break
-    _ok = json.loads(_output) == _expected
-    # Small passing outputs are sent back for the parent to re-check; large ones would overflow the capture
-    # cap, so for those the verdict above stands. Wrong outputs are kept (capped) only for debugging.
-    _report({"index": _i, "status": "ok" if _ok else "wrong", "output": _output[:RECHECK_LIMIT]})
-    if not _ok:
-        break
-sys.stdout = _real_stdout
-"""
-    )
-    .replace("PAYLOAD_FILE", repr(PAYLOAD_FILE))
-    .replace("SOLUTION_FILE", repr(SOLUTION_FILE))
-    .replace("RECHECK_LIMIT", str(RECHECK_LIMIT))
-)
+    def deadline_for(self, n_tests: int) -> float:
+        if self.deadline_s is not None:
+            return float(self.deadline_s)
+        return (self.timeout_s + 1.0) * n_tests + 5.0
 
 
 @dataclass(frozen=True)
@@ -157,20 +68,18 @@ def _stripped_lines(text: str) -> list[str]:
     return [line.strip() for line in text.strip().split("\n")]
 
 
-def _numeric_tokens_equal(got: str, want: str) -> bool:
-    got_tokens, want_tokens = got.split(), want.split()
-    if len(got_tokens) != len(want_tokens):
-        return False
+def _decimals(line: str) -> list[Decimal] | None:
     try:
-        return all(Decimal(a) == Decimal(b) for a, b in zip(got_tokens, want_tokens, strict=True))
+        return [Decimal(token) for token in line.split()]
     except InvalidOperation:
-        return False
+        return None
 
 
 def stdout_matches(got: str, want: str) -> bool:
-    """LiveCodeBench stdout rule: same stripped lines, or lines whose tokens are numerically equal.
+    """LiveCodeBench's stdin rule: strip, split lines, strip each; same count; each line equal as text or as a
+    list of decimals (``0.50`` == ``0.5``, no tolerance).
 
-    >>> stdout_matches("1.0 2\\n", "1.00 2")
+    >>> stdout_matches("1.0 2\\r\\n", "1.00 2")
     True
     >>> stdout_matches("1", "2")
     False
@@ -178,123 +87,90 @@ def stdout_matches(got: str, want: str) -> bool:
     got_lines, want_lines = _stripped_lines(got), _stripped_lines(want)
     if len(got_lines) != len(want_lines):
         return False
-    return all(a == b or _numeric_tokens_equal(a, b) for a, b in zip(got_lines, want_lines, strict=True))
-
-
-def parse_tests(ground_truth: str | Sequence[Any]) -> list[dict[str, str]]:
-    """Normalise the ground truth (JSON string or list of dicts) into a non-empty list of test dicts."""
-    raw = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else list(ground_truth)
-    if not isinstance(raw, list) or not raw:
-        raise ValueError("ground_truth must be a non-empty list of LiveCodeBench tests")
-    tests = []
-    for test in raw:
-        if not isinstance(test, dict) or "input" not in test or "output" not in test:
-            raise ValueError(f"malformed test (needs 'input' and 'output'): {str(test)[:200]}")
-        tests.append(
-            {"input": str(test["input"]), "output": str(test["output"]), "testtype": test.get("testtype") or "stdin"}
-        )
-    kinds = {t["testtype"] for t in tests}
-    if not kinds <= {"stdin", "functional"} or len(kinds) != 1:
-        raise ValueError(f"tests must all be 'stdin' or all 'functional', got {sorted(kinds)}")
-    return tests
-
-
-def _failure(result: ExecResult) -> str | None:
-    if result.timed_out:
-        return TIMEOUT
-    if result.returncode != 0:
-        return RUNTIME_ERROR
-    return None
-
-
-def grade_stdin(code: str, tests: list[dict[str, str]], timeout: float = DEFAULT_TIMEOUT_S) -> GradeResult:
-    for index, test in enumerate(tests):
-        result = run_program(_STDIN_LAUNCHER, test["input"], timeout, files={SOLUTION_FILE: code})
-        outcome = _failure(result)
-        if outcome is None and not stdout_matches(result.stdout, test["output"]):
-            outcome = WRONG_ANSWER
-        if outcome is not None:
-            return GradeResult(False, outcome, index + 1, len(tests), result.stderr[-500:])
-    return GradeResult(True, PASS, len(tests), len(tests))
-
-
-def _parse_args(text: str) -> list[Any]:
-    # One JSON value per line; blank lines carry no argument (zero-argument functions have empty input).
-    return [json.loads(line) for line in text.split("\n") if line.strip()]
-
-
-def _parse_records(stdout: str, sentinel: str) -> list[dict[str, Any]]:
-    """Decode the driver's result lines in order, stopping at the first torn or out-of-place one.
-
-    A line can be torn when output hits the capture cap; everything after it is untrustworthy.
-    """
-    records: list[dict[str, Any]] = []
-    for line in stdout.splitlines():
-        if not line.startswith(sentinel):
+    for a, b in zip(got_lines, want_lines, strict=True):
+        if a == b:
             continue
-        try:
-            record = json.loads(line[len(sentinel) :])
-            valid = record["index"] == len(records) and isinstance(record["status"], str)
-        except (ValueError, TypeError, KeyError):
-            valid = False
-        if not valid:
-            break
-        records.append(record)
-    return records
+        da, db = _decimals(a), _decimals(b)
+        if da is None or db is None or da != db:
+            return False
+    return True
 
 
-def _too_big(record: dict[str, Any]) -> bool:
-    output = record.get("output")
-    return isinstance(output, str) and len(output) >= RECHECK_LIMIT
+class _Opaque:
+    """A returned value with no JSON counterpart (a set, an object): equal to nothing."""
 
+    def __init__(self, text: str):
+        self.text = text
 
-def _json_equal(output: Any, expected: Any) -> bool:
-    try:
-        return isinstance(output, str) and json.loads(output) == expected
-    except ValueError:
+    def __eq__(self, other: object) -> bool:
         return False
 
-
-def grade_functional(
-    code: str, tests: list[dict[str, str]], func_name: str, timeout: float = DEFAULT_TIMEOUT_S
-) -> GradeResult:
-    expected = [json.loads(t["output"]) for t in tests]
-    sentinel = f"@@vp-result-{secrets.token_hex(8)}@@"
-    payload = {
-        "sentinel": sentinel,
-        "func_name": func_name,
-        "timeout": timeout,
-        "prelude": _FUNCTIONAL_PRELUDE,
-        "tests": [[_parse_args(t["input"]), want] for t, want in zip(tests, expected, strict=True)],
-    }
-    # The in-driver watchdog enforces the per-test limit; this overall deadline is only a backstop.
-    overall = timeout * (len(tests) + 1) + 2.0
-    result = run_program(
-        _FUNCTIONAL_DRIVER, "", overall, files={SOLUTION_FILE: code, PAYLOAD_FILE: json.dumps(payload)}
-    )
-    records = _parse_records(result.stdout, sentinel)
-    total = len(tests)
-    for record in records:
-        index, status = record["index"], record["status"]
-        # Re-check passing verdicts here so the grade does not rest only on code sharing a process with the
-        # candidate.
-        if status == "ok" and (_json_equal(record.get("output"), expected[index]) or _too_big(record)):
-            continue
-        outcome = {"wrong": WRONG_ANSWER, "unserializable": WRONG_ANSWER, "timeout": TIMEOUT}.get(status, RUNTIME_ERROR)
-        return GradeResult(False, outcome, index + 1, total, str(record.get("error", "")))
-    if len(records) == total:
-        return GradeResult(True, PASS, total, total)
-    # The driver died mid-test (os._exit in the candidate, memory limit, backstop deadline...).
-    outcome = _failure(result) or RUNTIME_ERROR
-    return GradeResult(False, outcome, min(len(records) + 1, total), total, result.stderr[-500:])
+    __hash__ = None
 
 
-def grade(
-    code: str, tests: list[dict[str, str]], func_name: str = "", timeout: float = DEFAULT_TIMEOUT_S
-) -> GradeResult:
-    """Grade ``code`` on already-parsed ``tests``; functional tests require ``func_name``."""
-    if tests[0]["testtype"] == "functional":
-        if not func_name:
-            raise ValueError("functional tests need extra_info['func_name'] to know which function to call")
-        return grade_functional(code, tests, func_name, timeout)
-    return grade_stdin(code, tests, timeout)
+def decode_value(encoded: Any) -> Any:
+    """Inverse of the runner's ``encode_value``."""
+    if isinstance(encoded, list):
+        return [decode_value(item) for item in encoded]
+    if isinstance(encoded, dict):
+        if "__tuple__" in encoded:
+            return tuple(decode_value(item) for item in encoded["__tuple__"])
+        if "__dict__" in encoded:
+            return {key: decode_value(item) for key, item in encoded["__dict__"]}
+        return _Opaque(str(encoded.get("__other__", "")))
+    return encoded
+
+
+def return_value_matches(result_json: str | None, test: TestCase) -> bool:
+    if result_json is None:
+        return False
+    try:
+        got = decode_value(json.loads(result_json))
+    except (ValueError, TypeError, KeyError):
+        return False
+    if got == test.expected:
+        return True
+    expected = test.expected
+    return bool(test.accept_unwrapped and isinstance(expected, list) and expected and got == expected[0])
+
+
+def _verdict(run: TestRun, suite: TestSuite, test: TestCase) -> str:
+    if run.timed_out:
+        return TIMEOUT
+    if not run.completed:
+        # A failed assert is the check rejecting the answer; anything else is the program breaking.
+        return WRONG_ANSWER if suite.mode == "assert" and run.error_type == "AssertionError" else RUNTIME_ERROR
+    if suite.mode == "stdin":
+        if run.stdout_truncated or not stdout_matches(run.stdout, test.expected):
+            return WRONG_ANSWER
+    elif suite.mode == "functional" and not return_value_matches(run.result, test):
+        return WRONG_ANSWER
+    return PASS
+
+
+def grade(code: str, suite: TestSuite, cfg: GradingConfig | None = None, sandbox: SandboxConfig | None = None
+          ) -> GradeResult:  # fmt: skip
+    """Run ``code`` on ``suite`` in one sandbox; stop at the first failing test."""
+    cfg = cfg or GradingConfig()
+    total = len(suite.tests)
+    deadline = time.monotonic() + cfg.deadline_for(total)
+    tests_run = 0
+    try:
+        with SandboxSession(sandbox, deadline=deadline) as box:
+            error = box.load(code, mode=suite.mode, prelude=suite.prelude, func_name=suite.func_name,
+                             test_code=suite.test_code, entry_point=suite.entry_point, timeout=cfg.timeout_s)  # fmt: skip
+            if error is not None:
+                return GradeResult(False, RUNTIME_ERROR, 0, total, error[:500])
+            for test in suite.tests:
+                tests_run += 1
+                run = box.run_test(stdin=test.stdin, args=test.args, timeout=cfg.timeout_s)
+                outcome = _verdict(run, suite, test)
+                if outcome != PASS:
+                    return GradeResult(False, outcome, tests_run, total, run.stderr[-500:])
+    except DeadlineExceeded:
+        return GradeResult(False, TIMEOUT, tests_run, total, "overall deadline exceeded")
+    except RunnerDied as error:
+        return GradeResult(False, RUNTIME_ERROR, tests_run, total, f"program took the sandbox down: {error}")
+    except SandboxError as error:
+        return GradeResult(False, SANDBOX_ERROR, tests_run, total, str(error)[:500])
+    return GradeResult(True, PASS, total, total)

@@ -53,7 +53,7 @@ def test_unsupported_verl_is_one_line(capsys, monkeypatch, tmp_path):
 def test_missing_bubblewrap_is_one_line(capsys, monkeypatch, tmp_path):
     """The code reward runs programs in bubblewrap; without it the demo must stop before training starts."""
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on this PATH
-    monkeypatch.delenv("VERL_PIPE_SANDBOX", raising=False)
+    monkeypatch.delenv("VERL_PIPE_SANDBOX_ALLOW_UNISOLATED", raising=False)
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["quickstart", "--model", "tiny", "--out-dir", str(tmp_path / "run")])
     assert exit_info.value.code == 2

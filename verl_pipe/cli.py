@@ -57,7 +57,10 @@ def _doctor(args: argparse.Namespace) -> int:
 
     for kind, names in REGISTERED.items():
         print(f"registered {kind}: {', '.join(names)}")
-    print(f"bubblewrap: {shutil.which('bwrap') or 'missing (apt-get install -y bubblewrap)'}")
+    from verl_pipe.reward_score.sandbox import probe_bwrap
+
+    problem = probe_bwrap()
+    print(f"bubblewrap: {shutil.which('bwrap') or 'missing'} ({'sandbox works' if problem is None else problem})")
     return 0
 
 

@@ -129,10 +129,9 @@ def prepare(cfg: QuickstartConfig) -> tuple[str, list[str], dict[str, str]]:
     """Check the environment, build model and data; return (run_dir, argv, env) for the training process."""
     cfg.validate()
     check_verl_version()
-    from verl_pipe.reward_score.execute import require_bwrap, sandbox_mode
+    from verl_pipe.reward_score.sandbox import SandboxConfig, require_isolation
 
-    if sandbox_mode() == "bwrap":
-        require_bwrap()  # fail before minutes of start-up, not inside a reward worker
+    require_isolation(SandboxConfig.from_env())  # fail before minutes of start-up, not inside a reward worker
     from verl_pipe.data.embedded import write_embedded_dataset
     from verl_pipe.models import resolve_model_path
 

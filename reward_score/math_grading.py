@@ -1,0 +1,200 @@
+"""Rule-based math reward with DeepScaleR (rllm ``RewardMathFn``) semantics.
+
+The answer is the last ``\\boxed{...}`` (or ``\\fbox{...}``) after the last ``</think>``; it is correct iff it
+matches any acceptable ground truth under mathd-style string normalisation, or, failing that, under sympy
+(verl's ``prime_math.grade_answer``), run in a forked child with a hard deadline.
+
+Behaviour choices worth knowing:
+
+* ``x=5`` vs ``5`` is **correct**: mathd normalisation drops a left-hand side of at most two characters
+  (``x=``, ``k =``), as DeepScaleR does. Longer left-hand sides (``ab+c=5``) are kept.
+* Plain numbers compare by value, so ``073`` vs ``73`` and ``5.0`` vs ``5`` are correct.
+* A response that opens ``<think>`` but never closes it, or has no (or an empty) boxed answer, is a
+  format error.
+* A ground-truth *string* is read as a JSON list only when it decodes to a list of JSON strings
+  (``'["1/2", "0.5"]'``); ``"[1, 2]"`` stays the closed interval it most likely is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import numbers
+import os
+import re
+import select
+import signal
+import time
+from decimal import Decimal
+from typing import Any
+
+from verl.utils.reward_score.math_reward import last_boxed_only_string
+from verl.utils.reward_score.prime_math import grade_answer
+from verl.utils.reward_score.prime_math.math_normalize import normalize_answer
+
+__all__ = ["MATH_DATA_SOURCES", "SYMPY_TIMEOUT_S", "is_math_source", "score_math"]
+
+# Data sources graded here (compared case-insensitively): rllm/DeepScaleR's names plus verl's MATH names.
+# Any name starting with "aime" or "amc" (aime2024, aime25, amc23, ...) is math too. math_dapo is *not*
+# listed: its prompts ask for "Answer: ..." rather than a boxed answer.
+MATH_DATA_SOURCES: tuple[str, ...] = (
+    "deepscaler",
+    "math",
+    "math500",
+    "aime",
+    "amc",
+    "minerva",
+    "olympiad_bench",
+    "omni_math",
+    "agentica-org/DeepScaleR-Preview-Dataset",
+    "lighteval/MATH",
+    "DigitalLearningGmbH/MATH-lighteval",
+    "HuggingFaceH4/MATH-500",
+)
+_MATH_NAMES = frozenset(name.lower() for name in MATH_DATA_SOURCES)
+
+# Hard bound on the sympy stage for one response (all ground truths together); a timeout counts as "not equal".
+SYMPY_TIMEOUT_S = 3.0
+ANSWER_CHARS = 200
+
+_BOX_CMD = re.compile(r"\\(boxed|fbox)(?![A-Za-z])(\s*)")
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
+
+
+def is_math_source(data_source: str) -> bool:
+    """True for the names in :data:`MATH_DATA_SOURCES` and any name starting with ``aime`` or ``amc``."""
+    if not isinstance(data_source, str):
+        return False
+    name = data_source.lower()
+    return name in _MATH_NAMES or name.startswith(("aime", "amc"))
+
+
+def _extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{}``/``\\fbox{}`` (nested braces kept), or None when there is none."""
+    matches = list(_BOX_CMD.finditer(text))
+    if not matches:
+        return None
+    cmd, space, rest = matches[-1].group(1), matches[-1].group(2), text[matches[-1].end() :]
+    # verl's extractor prefers any "\boxed" over a later "\fbox", and lets an earlier "\boxed " (space form)
+    # override a later "\boxed{}"; handing it only the tail from the last command sidesteps both.
+    if rest.startswith("{"):
+        tail = f"\\{cmd}{rest}"
+    elif cmd == "boxed" and space:
+        tail = "\\boxed " + rest  # Hendrycks' "\boxed 5$" form, which verl's helper understands
+    else:
+        return None
+    boxed = last_boxed_only_string(tail)
+    if boxed is None:  # unbalanced braces: the response was cut off inside the box
+        return None
+    inner = boxed[len(cmd) + 1 :]
+    if inner.startswith("{") and inner.endswith("}"):
+        inner = inner[1:-1]
+    return inner.strip()
+
+
+def _ground_truths(ground_truth: Any) -> list[str]:
+    """Acceptable answers as non-empty strings; raises ValueError for a missing or empty ground truth."""
+    if hasattr(ground_truth, "tolist") and not isinstance(ground_truth, str):
+        ground_truth = ground_truth.tolist()  # numpy arrays/scalars, as verl's parquet loading yields them
+    if isinstance(ground_truth, str) and ground_truth.strip().startswith("["):
+        with contextlib.suppress(ValueError):
+            decoded = json.loads(ground_truth)
+            if isinstance(decoded, list) and all(isinstance(item, str) for item in decoded):
+                ground_truth = decoded
+    items = list(ground_truth) if isinstance(ground_truth, (list, tuple)) else [ground_truth]
+    if not items:
+        raise ValueError("math ground truth is an empty list; expected at least one acceptable answer")
+    answers = []
+    for item in items:
+        if item is None or isinstance(item, bool) or not isinstance(item, (str, numbers.Number)):
+            raise ValueError(f"math ground truth must be a string, a number or a list of them, got {item!r}")
+        text = str(item).strip()
+        if "\\boxed" in text or "\\fbox" in text:  # reference solutions sometimes keep their box
+            text = _extract_boxed(text) or text
+        if not text:
+            raise ValueError(f"math ground truth is empty: {ground_truth!r}")
+        answers.append(text)
+    return answers
+
+
+def _cheap_equal(answer: str, truth: str) -> bool | None:
+    """True/False when string normalisation settles it, None when sympy has to decide."""
+    a, t = normalize_answer(answer), normalize_answer(truth)
+    if a == t:
+        return True
+    if _PLAIN_NUMBER.fullmatch(a) and _PLAIN_NUMBER.fullmatch(t):
+        return Decimal(a) == Decimal(t)  # exact, and spares a fork for the common integer answers
+    return None
+
+
+def _sympy_equal_any(answer: str, truths: list[str], timeout: float) -> bool:
+    """``grade_answer`` against each truth in a forked child, killed (with its process group) at the deadline.
+
+    A child process rather than a signal or thread: sympy can sit in C code (e.g. ``(10^9)!``) that neither
+    interrupts. Its own group because grade_answer forks again (verl's 10 s timeout) and killing only the
+    child would orphan a grandchild that keeps burning CPU.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: must never return into the caller's stack
+        try:
+            os.close(read_fd)
+            os.setpgid(0, 0)
+            with contextlib.redirect_stdout(io.StringIO()):  # grade_answer prints on its own errors/timeouts
+                ok = any(grade_answer(answer, truth) for truth in truths)
+        except BaseException:
+            ok = False
+        try:
+            os.write(write_fd, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # also from the parent, so the group exists before any killpg below
+    try:
+        ready, _, _ = select.select([read_fd], [], [], timeout)
+        return bool(ready) and os.read(read_fd, 1) == b"1"
+    finally:
+        os.close(read_fd)
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)  # before waitpid, while the group id cannot have been reused
+        os.waitpid(pid, 0)
+
+
+def score_math(solution_str: str, ground_truth: Any, *, format_penalty: float = 0.0) -> dict[str, Any]:
+    """Score one math response: 1.0 if its boxed answer matches any ground truth, 0.0 if not.
+
+    A format error (unfinished ``<think>``, or no boxed answer) scores ``format_penalty``. ``ground_truth``
+    is a string, a number, or a list of acceptable answers (a JSON-encoded list of strings works too).
+
+    >>> score_math("<think>2+2</think> The answer is $\\\\boxed{4}$.", 4)["outcome"]
+    'pass'
+    """
+    start = time.monotonic()
+    truths = _ground_truths(ground_truth)  # validate first, so a broken dataset row fails on every response
+    text = solution_str or ""
+    if "</think>" in text:
+        answer = _extract_boxed(text.rsplit("</think>", 1)[1])
+    elif "<think>" in text:
+        answer = None  # the model never finished thinking; a box inside the thoughts does not count
+    else:
+        answer = _extract_boxed(text)
+
+    if not answer:
+        score, passed, outcome = float(format_penalty), False, "format_error"
+    else:
+        verdicts = [_cheap_equal(answer, truth) for truth in truths]
+        undecided = [truth for truth, verdict in zip(truths, verdicts) if verdict is None]
+        passed = any(verdicts) or (bool(undecided) and _sympy_equal_any(answer, undecided, SYMPY_TIMEOUT_S))
+        score, outcome = (1.0, "pass") if passed else (0.0, "wrong_answer")
+    return {
+        "score": score,
+        "passed": passed,
+        "tests_run": 1 if answer else 0,
+        "tests_total": 1,
+        "outcome": outcome,
+        "format_ok": bool(answer),
+        "time_s": time.monotonic() - start,
+        "answer": (answer or "")[:ANSWER_CHARS],
+    }

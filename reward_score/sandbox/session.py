@@ -1,0 +1,227 @@
+"""Host side of one sandbox: start it, load a program, run tests one at a time, and tear it all down.
+
+One :class:`SandboxSession` is one process tree for one program. The host never trusts the sandbox with the
+verdict: it sends inputs, gets back what the program printed or returned, and compares outside. Every wait
+has a deadline; on any deadline the whole tree is killed (the bwrap process leads its own session, and its
+pid namespace dies with it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .config import SandboxConfig
+from .isolation import SANDBOX_ENV, interpreter_reachable_by_others, require_isolation, runner_argv, sandbox_uid
+
+# Slack on top of a test's own timeout for fork, reporting and cleanup inside the sandbox.
+_REPLY_SLACK_S = 3.0
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (could not start, or broke the protocol): not the program's fault."""
+
+
+class RunnerDied(RuntimeError):
+    """The runner vanished while a test ran: the program killed it (or exhausted the sandbox)."""
+
+
+class DeadlineExceeded(RuntimeError):
+    """The host-side deadline passed; the sandbox was killed."""
+
+
+@dataclass(frozen=True)
+class TestRun:
+    completed: bool  # the program (or check) ran to its end and reported so on the private channel
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    stdout: str
+    stdout_truncated: bool
+    stderr: str
+    result: Any  # functional tests: the JSON-encoded return value, else None
+    error_type: str | None  # the exception class that ended the program, when it raised one
+    wall_s: float
+
+
+class SandboxSession:
+    """Usage::
+
+    with SandboxSession(cfg) as box:
+        error = box.load(program, mode="stdin", prelude=PRELUDE)
+        run = box.run_test(stdin="1 2\\n", timeout=6.0)
+    """
+
+    def __init__(self, cfg: SandboxConfig | None = None, *, deadline: float | None = None):
+        self.cfg = cfg or SandboxConfig()
+        self.deadline = deadline  # time.monotonic() value after which everything is killed
+        self.isolated = require_isolation(self.cfg)
+        self.uid = sandbox_uid(self.cfg)
+        self._scratch: str | None = None
+        self._proc: subprocess.Popen | None = None
+        self._start()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        if not self.isolated:
+            # No private tmpfs: a fresh host folder, handed to the uid the runner drops to.
+            self._scratch = tempfile.mkdtemp(prefix="vp-sbx-")
+            if os.geteuid() == 0 and interpreter_reachable_by_others():
+                os.chown(self._scratch, self.uid, self.uid)
+            else:
+                self.uid = 0  # the dropped uid could not even load the standard library; stay as we are
+        try:
+            self._proc = subprocess.Popen(
+                runner_argv(self.cfg, self.uid, self._scratch),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=dict(SANDBOX_ENV),
+                cwd="/",
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as error:
+            raise SandboxError(f"could not start the sandbox: {error}") from error
+        try:
+            hello = self._receive(time.monotonic() + self.cfg.startup_timeout_s)
+        except (RunnerDied, DeadlineExceeded) as error:
+            raise SandboxError(f"sandbox did not start: {error}; stderr: {self._stderr_tail()}") from None
+        if not hello.get("ready"):
+            raise SandboxError(f"sandbox sent an unexpected greeting: {hello}")
+
+    def close(self) -> None:
+        if self._scratch is not None:
+            # Kill first, then delete: nothing may still be writing into the folder.
+            scratch, self._scratch = self._scratch, None
+            self.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+            return
+        proc = self._proc
+        if proc is None:
+            return
+        self._proc = None
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+    def __enter__(self) -> SandboxSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- protocol ---------------------------------------------------------------------------------------------
+    def _bounded(self, deadline: float) -> float:
+        return deadline if self.deadline is None else min(deadline, self.deadline)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message).encode("utf-8")
+        try:
+            self._proc.stdin.write(struct.pack(">I", len(data)) + data)
+            self._proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            raise RunnerDied("the sandbox closed its input") from None
+
+    def _read_exact(self, count: int, deadline: float) -> bytes:
+        fd = self._proc.stdout.fileno()
+        chunks = []
+        while count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.close()
+                raise DeadlineExceeded("no reply before the deadline")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, min(count, 1 << 20))
+            if not chunk:
+                raise RunnerDied("the sandbox exited")
+            chunks.append(chunk)
+            count -= len(chunk)
+        return b"".join(chunks)
+
+    def _receive(self, deadline: float) -> dict[str, Any]:
+        deadline = self._bounded(deadline)
+        (length,) = struct.unpack(">I", self._read_exact(4, deadline))
+        return json.loads(self._read_exact(length, deadline).decode("utf-8"))
+
+    def _stderr_tail(self) -> str:
+        proc = self._proc
+        if proc is None or proc.stderr is None:
+            return ""
+        if proc.poll() is None:
+            self.close()
+            return ""
+        try:
+            return proc.stderr.read(8192).decode("utf-8", errors="replace").strip()[-600:]
+        except (OSError, ValueError):
+            return ""
+
+    # -- API --------------------------------------------------------------------------------------------------
+    def load(
+        self,
+        program: str,
+        *,
+        mode: str,
+        prelude: str = "",
+        func_name: str = "",
+        test_code: str = "",
+        entry_point: str = "",
+        timeout: float = 6.0,
+    ) -> str | None:
+        """Hand the program to the runner; returns None, or the compile error text."""
+        if mode not in ("stdin", "functional", "assert"):
+            raise ValueError(f"unknown sandbox mode {mode!r}")
+        self._send(
+            {
+                "op": "load",
+                "mode": mode,
+                "program": program,
+                "prelude": prelude,
+                "func_name": func_name,
+                "test_code": test_code,
+                "entry_point": entry_point,
+                "limits": self.cfg.child_limits(timeout),
+            }
+        )
+        try:
+            reply = self._receive(time.monotonic() + self.cfg.startup_timeout_s)
+        except RunnerDied as error:
+            raise SandboxError(f"sandbox died while loading the program: {error}") from None
+        return None if reply.get("loaded") else str(reply.get("error", "could not load the program"))
+
+    def run_test(self, *, stdin: str = "", args: list[Any] | None = None, timeout: float = 6.0) -> TestRun:
+        """Run one test; raises RunnerDied / DeadlineExceeded when the program takes the sandbox down."""
+        self._send({"op": "test", "stdin": stdin, "args": args or [], "timeout": timeout})
+        reply = self._receive(time.monotonic() + timeout + _REPLY_SLACK_S)
+        return TestRun(
+            completed=bool(reply["completed"]),
+            exit_code=reply.get("exit_code"),
+            signal=reply.get("signal"),
+            timed_out=bool(reply.get("timed_out")),
+            stdout=reply.get("stdout", ""),
+            stdout_truncated=bool(reply.get("stdout_truncated")),
+            stderr=reply.get("stderr", ""),
+            result=reply.get("result"),
+            error_type=reply.get("error_type"),
+            wall_s=float(reply.get("wall_s", 0.0)),
+        )
