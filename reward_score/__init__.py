@@ -71,7 +71,7 @@ def compute_score(
             solution_str or "", resolve_ground_truth(ground_truth, test_store), format_penalty=format_penalty
         )
         return _result(result["score"], result["outcome"], result["tests_run"], 1, start)
-    if data_source not in CODE_SOURCES:
+    if str(data_source).lower() not in CODE_SOURCES:
         raise ValueError(
             f"unknown data_source {data_source!r}; verl_pipe.reward_score knows {list(KNOWN_DATA_SOURCES)}"
         )

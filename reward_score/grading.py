@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from .prelude import prelude_for
 from .sandbox import DeadlineExceeded, RunnerDied, SandboxConfig, SandboxError, SandboxSession, TestRun
 from .suites import TestCase, TestSuite
 
@@ -157,7 +158,7 @@ def grade(code: str, suite: TestSuite, cfg: GradingConfig | None = None, sandbox
     tests_run = 0
     try:
         with SandboxSession(sandbox, deadline=deadline) as box:
-            error = box.load(code, mode=suite.mode, prelude=suite.prelude, func_name=suite.func_name,
+            error = box.load(code, mode=suite.mode, prelude=prelude_for(code, suite.prelude), func_name=suite.func_name,
                              test_code=suite.test_code, entry_point=suite.entry_point, timeout=cfg.timeout_s)  # fmt: skip
             if error is not None:
                 return GradeResult(False, RUNTIME_ERROR, 0, total, error[:500])

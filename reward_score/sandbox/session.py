@@ -9,6 +9,7 @@ pid namespace dies with it).
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import select
 import shutil
@@ -21,10 +22,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import SandboxConfig
-from .isolation import SANDBOX_ENV, interpreter_reachable_by_others, require_isolation, runner_argv, sandbox_uid
+from .isolation import (
+    SANDBOX_ENV,
+    interpreter_reachable_by_others,
+    require_isolation,
+    runner_argv,
+    runner_payload,
+    sandbox_uid,
+)
 
 # Slack on top of a test's own timeout for fork, reporting and cleanup inside the sandbox.
 _REPLY_SLACK_S = 3.0
+_TEST_HEADER = ">c4Biid"  # must match runner.TEST_HEADER
+_MAX_FRAME = 256 << 20
 
 
 class SandboxError(RuntimeError):
@@ -93,11 +103,16 @@ class SandboxSession:
         except OSError as error:
             raise SandboxError(f"could not start the sandbox: {error}") from error
         try:
+            self._proc.stdin.write(runner_payload())
+            self._proc.stdin.flush()
+        except OSError:
+            pass  # the sandbox died at once; the greeting read below reports it with bwrap's stderr
+        try:
             hello = self._receive(time.monotonic() + self.cfg.startup_timeout_s)
         except (RunnerDied, DeadlineExceeded) as error:
             raise SandboxError(f"sandbox did not start: {error}; stderr: {self._stderr_tail()}") from None
-        if not hello.get("ready"):
-            raise SandboxError(f"sandbox sent an unexpected greeting: {hello}")
+        if hello[:1] != b"R":
+            raise SandboxError(f"sandbox sent an unexpected greeting: {hello[:80]!r}")
 
     def close(self) -> None:
         if self._scratch is not None:
@@ -134,7 +149,7 @@ class SandboxSession:
         return deadline if self.deadline is None else min(deadline, self.deadline)
 
     def _send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message).encode("utf-8")
+        data = marshal.dumps(message)
         try:
             self._proc.stdin.write(struct.pack(">I", len(data)) + data)
             self._proc.stdin.flush()
@@ -159,10 +174,12 @@ class SandboxSession:
             count -= len(chunk)
         return b"".join(chunks)
 
-    def _receive(self, deadline: float) -> dict[str, Any]:
+    def _receive(self, deadline: float) -> bytes:
         deadline = self._bounded(deadline)
         (length,) = struct.unpack(">I", self._read_exact(4, deadline))
-        return json.loads(self._read_exact(length, deadline).decode("utf-8"))
+        if length > _MAX_FRAME:
+            raise SandboxError(f"sandbox sent a {length}-byte frame (limit {_MAX_FRAME})")
+        return self._read_exact(length, deadline)
 
     def _stderr_tail(self) -> str:
         proc = self._proc
@@ -207,21 +224,45 @@ class SandboxSession:
             reply = self._receive(time.monotonic() + self.cfg.startup_timeout_s)
         except RunnerDied as error:
             raise SandboxError(f"sandbox died while loading the program: {error}") from None
-        return None if reply.get("loaded") else str(reply.get("error", "could not load the program"))
+        if reply[:2] == b"L\x01":
+            return None
+        if reply[:2] == b"L\x00":
+            return reply[2:].decode("utf-8", errors="replace") or "could not load the program"
+        raise SandboxError(f"sandbox sent an unexpected reply to load: {reply[:80]!r}")
 
     def run_test(self, *, stdin: str = "", args: list[Any] | None = None, timeout: float = 6.0) -> TestRun:
         """Run one test; raises RunnerDied / DeadlineExceeded when the program takes the sandbox down."""
-        self._send({"op": "test", "stdin": stdin, "args": args or [], "timeout": timeout})
-        reply = self._receive(time.monotonic() + timeout + _REPLY_SLACK_S)
-        return TestRun(
-            completed=bool(reply["completed"]),
-            exit_code=reply.get("exit_code"),
-            signal=reply.get("signal"),
-            timed_out=bool(reply.get("timed_out")),
-            stdout=reply.get("stdout", ""),
-            stdout_truncated=bool(reply.get("stdout_truncated")),
-            stderr=reply.get("stderr", ""),
-            result=reply.get("result"),
-            error_type=reply.get("error_type"),
-            wall_s=float(reply.get("wall_s", 0.0)),
-        )
+        args_json = json.dumps(args) if args else ""
+        self._send({"op": "test", "stdin": stdin, "args_json": args_json, "timeout": float(timeout)})
+        return parse_test_reply(self._receive(time.monotonic() + timeout + _REPLY_SLACK_S))
+
+
+def parse_test_reply(reply: bytes) -> TestRun:
+    """Decode the runner's fixed binary layout (``runner.pack_reply``) with struct alone."""
+    try:
+        tag, completed, timed_out, truncated, has_exit, exit_code, sig, wall_s = struct.unpack_from(_TEST_HEADER, reply)
+        if tag != b"T":
+            raise ValueError(f"tag {tag!r}")
+        offset, fields = struct.calcsize(_TEST_HEADER), []
+        for _ in range(4):
+            (length,) = struct.unpack_from(">I", reply, offset)
+            offset += 4
+            if offset + length > len(reply):
+                raise ValueError("truncated field")
+            fields.append(reply[offset : offset + length])
+            offset += length
+    except (struct.error, ValueError) as error:
+        raise SandboxError(f"sandbox sent a malformed test reply ({error})") from None
+    stdout, stderr, result, error_type = fields
+    return TestRun(
+        completed=bool(completed),
+        exit_code=exit_code if has_exit else None,
+        signal=sig or None,
+        timed_out=bool(timed_out),
+        stdout=stdout.decode("utf-8", errors="replace"),
+        stdout_truncated=bool(truncated),
+        stderr=stderr.decode("utf-8", errors="replace"),
+        result=result.decode("utf-8", errors="replace") if completed and result else None,
+        error_type=error_type.decode("ascii", errors="replace") or None,
+        wall_s=float(wall_s),
+    )
