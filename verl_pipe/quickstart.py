@@ -106,6 +106,8 @@ def training_overrides(
         "actor_rollout_ref.rollout.val_kwargs.do_sample=False",
         "reward.custom_reward_function.path=pkg://verl_pipe.reward_score",
         "reward.custom_reward_function.name=compute_score",
+        # Score each trajectory the moment it finishes, on a pool bounded to the cores (verl_pipe.rewards).
+        "reward.reward_manager.name=interleaved",
         f"trainer.use_v1={cfg.trainer == 'v1'}",
         f"trainer.total_training_steps={cfg.steps}",
         "trainer.total_epochs=1000",

@@ -10,6 +10,7 @@ What it registers:
   * the ``hf`` rollout backend (``actor_rollout_ref.rollout.name=hf``);
   * GRPO+ (``algorithm.adv_estimator=grpo_plus``, ``policy_loss.loss_mode=grpo_plus``) and its patches, each
     applied when verl imports the module it extends;
+  * the ``interleaved`` reward manager (``reward.reward_manager.name=interleaved``) and its step metrics;
   * with ``VERL_PLATFORM=cpu``: verl's FSDP2 engines for device ``cpu`` and the version-guarded CPU patches.
 """
 
@@ -108,9 +109,16 @@ def register() -> None:
         install()
         REGISTERED.setdefault("algorithms", []).append("grpo_plus")
 
+    def _register_rewards() -> None:
+        from verl_pipe.rewards.hooks import install
+
+        install()
+        REGISTERED.setdefault("reward_managers", []).append("interleaved")
+
     steps = [
         ("cpu platform", _register_platform),
         ("GRPO+ algorithms", _register_algorithms),
+        ("interleaved reward manager", _register_rewards),
         ("hf rollout", _register_rollout),
         ("platform guard", _guard_silent_nvidia_fallback),
     ]

@@ -145,3 +145,22 @@ def test_grpo_plus_through_verls_trainer(tmp_path, tiny_model_path, ray_cluster,
     assert max(data["actor/grpo_plus/overlong_masked_frac"] for data in records) > 0
     assert max(data["actor/grpo_plus/truncated_frac"] for data in records) > 0.5
     assert max(data["actor/grad_norm"] for data in records) > 0
+
+
+@pytest.mark.parametrize("trainer", ["v1", "legacy"])
+def test_interleaved_reward_manager_in_verls_dataflow(tmp_path, tiny_model_path, ray_cluster, trainer):
+    """The interleaved manager scores inside verl's real reward loop, and its metrics show rewards finishing
+    while generation is still running. max_num_seqs=2 makes the hf server decode the 8 samples as 4 batches in
+    turn, so the first batches' rewards can run while the later ones generate."""
+    cfg = _cfg(tmp_path, tiny_model_path, trainer, 1, ray_cluster, algorithm="grpo_plus", steps=1)
+    cfg.overrides = ["actor_rollout_ref.rollout.max_num_seqs=2"]
+    assert run(cfg) == 0, open(os.path.join(cfg.out_dir, "train.log")).read()[-4000:]
+    with open(os.path.join(cfg.out_dir, "metrics.jsonl")) as fh:
+        row = [json.loads(line) for line in fh][-1]
+    verl_metrics = row["verl"]
+    outcomes = {k: v for k, v in verl_metrics.items() if k.startswith("reward/outcome/")}
+    assert outcomes and abs(sum(outcomes.values()) - 1.0) < 1e-6, verl_metrics
+    assert verl_metrics["reward/sandbox_error_frac"] == 0.0
+    assert verl_metrics["reward/time_s/mean"] > 0 and verl_metrics["reward/queue_s/mean"] >= 0
+    # Some reward time overlapped generation: rewards finished while later batches were still decoding.
+    assert verl_metrics["reward/hidden_frac"] > 0.0, verl_metrics

@@ -188,9 +188,12 @@ def _wrap_compute_data_metrics(original):
     @functools.wraps(original)
     def compute_data_metrics(*args, **kwargs):
         from verl_pipe.algorithms.advantage import drain_advantage_metrics
+        from verl_pipe.rewards.hooks import legacy_batch_reward_metrics
 
         metrics = original(*args, **kwargs)
         metrics.update(drain_advantage_metrics())
+        batch = args[0] if args else kwargs.get("batch")
+        metrics.update(legacy_batch_reward_metrics(batch))  # the interleaved manager's reward/* (legacy trainer)
         return metrics
 
     return compute_data_metrics
