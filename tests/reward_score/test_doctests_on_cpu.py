@@ -5,10 +5,11 @@ import doctest
 import pytest
 
 import verl_pipe.reward_score as reward_score
-from verl_pipe.reward_score import extract, grading
+from verl_pipe.reward_score import extract, grading, prelude
+from verl_pipe.rewards import metrics as reward_metrics
 
 
-@pytest.mark.parametrize("module", [reward_score, extract, grading], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [reward_score, extract, grading, prelude, reward_metrics], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     failures, attempted = doctest.testmod(module, verbose=False)
     assert failures == 0

@@ -1,0 +1,96 @@
+"""The interleaved reward manager's config, its step metrics, and one real run_single through verl's DataProto."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl_pipe.rewards.hooks import legacy_batch_reward_metrics
+from verl_pipe.rewards.metrics import TIMING_KEYS, hidden_fraction, reward_step_metrics
+
+
+def test_hidden_fraction_counts_only_scoring_before_generation_ended():
+    """Guards against a 'hidden' share that credits reward time spent after the last trajectory finished."""
+    # Generation ends at t=10 (last enqueue). Sample A scores 2-4 (hidden), B scores 9-13 (1 of 4 s hidden).
+    assert hidden_fraction([2.0, 10.0], [2.0, 9.0], [4.0, 13.0]) == pytest.approx(3.0 / 6.0)
+    assert hidden_fraction([5.0, 5.0], [5.0, 5.0], [6.0, 7.0]) == 0.0  # all scored after generation: none hidden
+
+
+def test_step_metrics_outcomes_sum_to_one_and_ignore_untimed_samples():
+    """Guards against metrics that mix in samples scored by another manager (no timing) or miscount outcomes."""
+    timed = {"reward_enqueue_ts": 1.0, "reward_start_ts": 1.0, "reward_end_ts": 2.0, "reward_time_s": 1.0,
+             "reward_queue_s": 0.0}  # fmt: skip
+    infos = [dict(timed, outcome="pass", sandbox_error=False), dict(timed, outcome="timeout", sandbox_error=True),
+             {"outcome": "pass"}]  # fmt: skip
+    metrics = reward_step_metrics(infos)
+    assert metrics["reward/outcome/pass"] == metrics["reward/outcome/timeout"] == 0.5
+    assert metrics["reward/sandbox_error_frac"] == 0.5
+    assert reward_step_metrics([{"outcome": "pass"}]) == {}
+
+
+def test_legacy_batch_metrics_read_top_level_non_tensor_fields():
+    """Guards against the legacy trainer (reward info as top-level non-tensor fields) logging no reward metrics."""
+    from verl import DataProto
+
+    fields = {key: np.array([0.0, 1.0]) for key in TIMING_KEYS}
+    fields["outcome"] = np.array(["pass", "wrong_answer"], dtype=object)
+    batch = DataProto.from_dict(tensors={"x": torch.zeros(2, 1)}, non_tensors=fields)
+    metrics = legacy_batch_reward_metrics(batch)
+    assert metrics["reward/outcome/wrong_answer"] == 0.5 and "reward/hidden_frac" in metrics
+
+
+def _config(**interleaved):
+    reward = {"num_workers": 2, "reward_kwargs": {"format_penalty": -0.25}}
+    if interleaved:
+        reward["interleaved"] = interleaved
+    return OmegaConf.create({"reward": reward})
+
+
+def test_config_splits_cores_across_workers_and_names_bad_keys():
+    """Guards against 8 reward workers each starting a sandbox per core (oversubscribing the node)."""
+    from verl_pipe.rewards.interleaved import InterleavedConfig
+
+    assert InterleavedConfig.from_reward_config(_config(concurrency=3).reward).concurrency == 3
+    assert InterleavedConfig.from_reward_config(_config().reward).concurrency >= 1
+    with pytest.raises(ValueError, match="reward.interleaved.max_inflight"):
+        InterleavedConfig.from_reward_config(_config(max_inflight=3).reward)
+
+
+class _Tokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(int(i) for i in ids).decode()
+
+
+def test_run_single_scores_a_real_program_with_our_reward_and_kwargs():
+    """Guards against the manager falling back to verl's scorer or dropping reward_kwargs and timing fields."""
+    from verl import DataProto
+    from verl.utils.reward_score import default_compute_score
+
+    from verl_pipe.rewards.interleaved import InterleavedRewardManager
+
+    response = "no code here"
+    ids = torch.tensor([list(response.encode())])
+    tests = json.dumps([{"input": "1\n", "output": "1\n", "testtype": "stdin"}])
+    data = DataProto.from_dict(
+        tensors={"responses": ids, "attention_mask": torch.ones_like(ids)},
+        non_tensors={
+            "data_source": np.array(["livecodebench"], dtype=object),
+            "reward_model": np.array([{"ground_truth": tests}], dtype=object),
+            "extra_info": np.array([{}], dtype=object),
+        },
+    )
+
+    async def score():
+        manager = InterleavedRewardManager(_config(), _Tokenizer(), default_compute_score)
+        return await manager.run_single(data)
+
+    out = asyncio.run(score())
+    info = out["reward_extra_info"]
+    assert out["reward_score"] == -0.25 and info["outcome"] == "format_error"  # our scorer, with reward_kwargs
+    assert all(key in info for key in TIMING_KEYS)
+    assert info["reward_start_ts"] >= info["reward_enqueue_ts"] and info["reward_end_ts"] >= info["reward_start_ts"]
