@@ -20,6 +20,8 @@ setup(
         "verl_pipe.backends.cpu",
         "verl_pipe.models",
         "verl_pipe.algorithms",
+        "verl_pipe.bench",
+        "verl_pipe.rewards",
         "verl_pipe.config",
         "verl_pipe.data",
         "verl_pipe.trainers",

@@ -34,6 +34,14 @@ def test_wheel_installs_only_the_verl_pipe_namespace(tmp_path):
     assert "verl_pipe/trainers/__init__.py" in names and "verl_pipe/reward_score/__init__.py" in names
     assert "verl_pipe/config/verl_pipe/grpo_plus.yaml" in names  # the GRPO+ hydra preset ships in the wheel
     assert "verl_pipe/data/embedded/problems.jsonl" in names
+    # Every module of the source tree ships (a subpackage missing from setup.py's list would not).
+    for folder, installed_as in (("verl_pipe", "verl_pipe"), ("trainers", "verl_pipe/trainers"),
+                                 ("reward_score", "verl_pipe/reward_score")):  # fmt: skip
+        for root, _, files in os.walk(os.path.join(REPO, folder)):
+            for name in files:
+                if name.endswith(".py"):
+                    relative = os.path.relpath(os.path.join(root, name), os.path.join(REPO, folder))
+                    assert f"{installed_as}/{relative}" in names, relative
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "verl_pipe = verl_pipe.register" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
