@@ -51,6 +51,27 @@ def test_each_row_stops_at_its_own_limit_or_eos(generator):
             assert 3 not in result.token_ids
 
 
+def test_each_request_is_released_the_moment_it_finishes(generator):
+    """Guards: a finished request waiting for its whole batch, so its reward cannot run during generation."""
+    no_eos = BatchedGenerator(generator.model, eos_token_ids=[10**6], pad_token_id=0)  # rows end at their limits
+    forward_calls: list[int] = []
+    hook = generator.model.register_forward_hook(lambda *_: forward_calls.append(1))
+    released: list[tuple[int, int, int]] = []  # (request index, its tokens, model forwards so far)
+    requests = [GenerationRequest([5, 6], max_tokens=n, temperature=1.0) for n in (12, 2, 0, 6)]
+    try:
+        results = no_eos.generate(
+            requests, on_finished=lambda i, r: released.append((i, len(r.token_ids), len(forward_calls)))
+        )
+    finally:
+        hook.remove()
+    assert [index for index, _, _ in released] == [2, 1, 3, 0]  # zero budget at once, then by length
+    assert all(tokens == requests[index].max_tokens for index, tokens, _ in released)
+    # The 2-token request was handed back after ~2 forwards, while the batch went on to 12.
+    forwards_at = {index: calls for index, _, calls in released}
+    assert forwards_at[1] <= 3 < forwards_at[0]
+    assert [len(r.token_ids) for r in results] == [12, 2, 0, 6]
+
+
 def test_zero_budget_request_returns_empty(generator):
     result = generator.generate([GenerationRequest([5, 6], max_tokens=0)])[0]
     assert result.token_ids == [] and result.log_probs == []

@@ -65,9 +65,16 @@ class BatchedGenerator:
         requests: Sequence[GenerationRequest],
         should_stop: Optional[Callable[[], bool]] = None,
         generator: Optional[torch.Generator] = None,
+        on_finished: Optional[Callable[[int, GenerationResult], None]] = None,
     ) -> list[GenerationResult]:
+        """Decode ``requests`` as one batch. ``on_finished(index, result)`` is called the moment a request is
+        complete (EOS or its length), so a server can hand it back while the rest of the batch decodes."""
         results = [GenerationResult() for _ in requests]
         active_idx = [i for i, r in enumerate(requests) if r.max_tokens > 0]
+        if on_finished is not None:
+            for i, request in enumerate(requests):
+                if request.max_tokens <= 0:
+                    on_finished(i, results[i])
         if not active_idx:
             return results
         batch = [requests[i] for i in active_idx]
@@ -128,6 +135,9 @@ class BatchedGenerator:
             hit_len = (produced >= max_tokens) & ~finished & ~hit_eos
             for row in torch.nonzero(hit_eos).flatten().tolist():
                 results[active_idx[row]].finish_reason = "stop"
+            if on_finished is not None:
+                for row in torch.nonzero(hit_eos | hit_len).flatten().tolist():
+                    on_finished(active_idx[row], results[active_idx[row]])
             finished |= hit_eos | hit_len
             if bool(finished.all()):
                 break

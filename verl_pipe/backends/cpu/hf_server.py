@@ -6,8 +6,10 @@ the lifecycle calls the trainers make), so verl's agent loop, load balancer, rew
 run unchanged on top of it.
 
 Concurrent requests are batched: each ``generate`` call parks its request in a queue, and one decode loop takes
-everything queued when it becomes free, so requests that arrive while a batch runs join the next batch. Weight
-updates and aborts are serialised against that loop, never against individual requests.
+everything queued when it becomes free, so requests that arrive while a batch runs join the next batch. Each
+request is answered the moment it finishes, not when its batch does, so verl's streaming reward scores it while
+the rest of the batch decodes (as on a GPU server). Weight updates and aborts are serialised against that loop,
+never against individual requests.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ PROBE_RESPONSE_IDS = list(range(18, 26))
 # (and each prompt's prefill) instead of the first ones running alone.
 GATHER_QUIET_S = 0.05
 GATHER_MAX_S = 0.5
+
+
+def _resolve(future: asyncio.Future, result: GenerationResult) -> None:
+    if not future.done():
+        future.set_result(result)
 
 
 def server_actor_name(replica_rank: int, is_reward_model: bool = False, name_suffix: str = "") -> str:
@@ -154,6 +161,7 @@ class HFRolloutServer:
                 return
 
     async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._queue_event.wait()
             await self._generation_allowed.wait()
@@ -166,9 +174,16 @@ class HFRolloutServer:
                     self._queue_event.clear()
                 if not batch:
                     continue
+                def release(index: int, result: GenerationResult, batch=batch) -> None:
+                    # Called from the decode thread; the future belongs to the event loop.
+                    loop.call_soon_threadsafe(_resolve, batch[index].future, result)
+
                 try:
                     results = await asyncio.to_thread(
-                        self.generator.generate, [p.request for p in batch], lambda: self._abort_requested
+                        self.generator.generate,
+                        [p.request for p in batch],
+                        lambda: self._abort_requested,
+                        on_finished=release,
                     )
                 except Exception as error:  # surface the failure to every waiting request, never hang them
                     for pending in batch:
@@ -181,9 +196,8 @@ class HFRolloutServer:
             self.stats["requests"] += len(batch)
             self.stats["max_batch"] = max(self.stats["max_batch"], len(batch))
             self.stats["tokens"] += tokens
-            for pending, result in zip(batch, results):
-                if not pending.future.done():
-                    pending.future.set_result(result)
+            for pending, result in zip(batch, results):  # aborted requests, and any not released yet
+                _resolve(pending.future, result)
 
     # ---- weights ----------------------------------------------------------------------------------------------
 
