@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .extract import extract_last_python_block
-from .grading import FORMAT_ERROR, OUTCOMES, SANDBOX_ERROR, GradingConfig, grade
+from .grading import DEFAULT_TIMEOUT_S, FORMAT_ERROR, OUTCOMES, SANDBOX_ERROR, GradingConfig, grade
 from .math_grading import MATH_DATA_SOURCES, is_math_source, score_math
 from .sandbox import SandboxConfig
 from .suites import CODE_SOURCES, build_suite
@@ -37,7 +37,7 @@ def compute_score(
     ground_truth: Any,
     extra_info: Mapping[str, Any] | None = None,
     *,
-    timeout: float = 6.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     format_penalty: float = 0.0,
     max_tests: int | None = 15,
     deadline_s: float | None = None,

@@ -51,7 +51,13 @@ def _global_names(code: types.CodeType) -> set[str]:
 
 
 def prelude_for(program: str, prelude: str = LCB_PRELUDE) -> str:
-    """The prelude to run before ``program``: the full one, or the lines binding the names it uses."""
+    """The prelude to run before ``program``: the full one, or the lines binding the names it uses.
+
+    >>> print(prelude_for("print(gcd(4, 6), sorted('ba').count('a'))"), end="")
+    from builtins import print, sorted
+    from math import gcd
+    __import__('sys').setrecursionlimit(50000)
+    """
     if prelude != LCB_PRELUDE:
         return prelude
     try:

@@ -93,3 +93,8 @@ def test_every_grpo_plus_patch_still_matches_verl_and_is_applied():
     assert is_patched(update_actor) and hasattr(update_actor, MAGIC_ATTR)  # verl's dispatch registration survives
     assert is_patched(engine_workers.ppo_loss)
     assert is_patched(verl.trainer.ppo.v1.trainer_base.compute_data_metrics)
+    assert is_patched(verl.trainer.ppo.ray_trainer.compute_data_metrics)
+    from verl_pipe import step_metrics
+
+    assert {patch.name for patch in step_metrics.PATCHES.values()} <= set(step_metrics.APPLIED)
+    assert all(patch.matches() for patch in step_metrics.PATCHES.values())

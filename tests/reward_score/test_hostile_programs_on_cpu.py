@@ -90,10 +90,11 @@ def test_memory_bomb(host_is_clean):
     code = """
     blocks = []
     for _ in range(64):
-        blocks.append(bytearray(1 << 30))
+        blocks.append(bytearray(1 << 28))
     print("allocated")
     """
-    result = score(code, "allocated", timeout=3)
+    # A 512 MiB cap keeps the memory the bomb touches before the limit stops it (and so the test's time) small.
+    result = score(code, "allocated", timeout=6, memory_mb=512)
     assert result["score"] == 0.0 and result["outcome"] == "runtime_error"
 
 
@@ -213,19 +214,32 @@ def test_killing_the_parent(host_is_clean):
 
 
 def test_double_forked_daemon_leaves_nothing_behind(host_is_clean):
-    """Guards against a daemon that escapes the process group and outlives the run (stealing CPU later)."""
+    """Guards against a daemon that escapes the process group and outlives its test (stealing CPU, or feeding
+    later tests): test 1 plants one, test 2 prints the expected answer only if it is still alive."""
     code = """
     import os, time
-    if os.fork() == 0:
-        os.setsid()
+    if input() == "plant":
         if os.fork() == 0:
-            time.sleep(120)
-        os._exit(0)
-    time.sleep(0.2)
-    print("daemonized")
+            os.setsid()
+            if os.fork() == 0:
+                with open("daemon.pid", "w") as handle:
+                    handle.write(str(os.getpid()))
+                time.sleep(120)
+            os._exit(0)
+        while not os.path.exists("daemon.pid"):
+            time.sleep(0.01)
+        print("planted")
+    else:
+        try:
+            os.kill(int(open("daemon.pid").read()), 0)
+            print("alive")
+        except (OSError, ValueError):
+            print("gone")
     """
-    result = score(code, "not this", timeout=3)
-    assert result["score"] == 0.0
+    tests = json.dumps([{"input": "plant\n", "output": "planted", "testtype": "stdin"},
+                        {"input": "check\n", "output": "alive", "testtype": "stdin"}])  # fmt: skip
+    result = compute_score("livecodebench", fenced(code), tests, timeout=3)
+    assert result["score"] == 0.0 and result["outcome"] == "wrong_answer" and result["tests_run"] == 2
 
 
 def test_environment_is_scrubbed(monkeypatch, host_is_clean):

@@ -10,8 +10,8 @@ verl's extension points cover the estimator and the loss; four things GRPO+ need
 3. ``TrainingWorker.train_mini_batch`` (with ``ActorRolloutRefWorker.update_actor`` handing it the settings):
    overlong filtering must mask the batch before verl counts the global token denominator; the hook masks
    the actor's local copy of the batch and reports the counts.
-4. ``compute_data_metrics`` in both trainers: an advantage estimator has no way to emit metrics; the hook adds
-   the grpo_plus group counts to the step's metrics.
+4. ``compute_data_metrics`` in both trainers: an advantage estimator has no way to emit metrics; the grpo_plus
+   group counts go into the step's metrics through :mod:`verl_pipe.step_metrics`.
 
 Each hook is a no-op unless grpo_plus is selected. Everything is applied lazily, when verl imports the module
 concerned (:mod:`verl_pipe.import_hooks`), so processes that never train pay nothing.
@@ -27,11 +27,12 @@ import torch
 
 from verl_pipe.import_hooks import when_imported
 from verl_pipe.patching import VerlPatch, apply_patches, is_patched, mark_patched
+from verl_pipe.step_metrics import add_contributor
+from verl_pipe.step_metrics import install as install_step_metrics
 
 
 APPLIED: list[str] = []
 
-_TRAINER_MODULES = ("verl.trainer.ppo.ray_trainer", "verl.trainer.ppo.v1.trainer_base")
 
 
 def _is_grpo_plus(policy_loss) -> bool:
@@ -180,37 +181,10 @@ def _patch_train_mini_batch() -> None:
 # --- 4. advantage metrics into the step's metrics -----------------------------------------------------------
 
 
-def _wrap_compute_data_metrics(original):
-    if is_patched(original):
-        return original
+def _grpo_plus_step_metrics(_batch) -> dict[str, float]:
+    from verl_pipe.algorithms.advantage import drain_advantage_metrics
 
-    @mark_patched(original)
-    @functools.wraps(original)
-    def compute_data_metrics(*args, **kwargs):
-        from verl_pipe.algorithms.advantage import drain_advantage_metrics
-        from verl_pipe.rewards.hooks import legacy_batch_reward_metrics
-
-        metrics = original(*args, **kwargs)
-        metrics.update(drain_advantage_metrics())
-        batch = args[0] if args else kwargs.get("batch")
-        metrics.update(legacy_batch_reward_metrics(batch))  # the interleaved manager's reward/* (legacy trainer)
-        return metrics
-
-    return compute_data_metrics
-
-
-def _trainer_metrics_patch(module_name: str) -> VerlPatch:
-    def apply() -> None:
-        module = importlib.import_module(module_name)
-        module.compute_data_metrics = _wrap_compute_data_metrics(module.compute_data_metrics)
-
-    return VerlPatch(
-        name=f"grpo_plus_advantage_metrics@{module_name.rsplit('.', 1)[-1]}",
-        target=f"{module_name}:compute_data_metrics",
-        fingerprint="critic/score/mean",
-        upstream="registered advantage estimators cannot return metrics",
-        apply=apply,
-    )
+    return drain_advantage_metrics()
 
 
 PATCHES_BY_MODULE: dict[str, tuple[VerlPatch, ...]] = {
@@ -246,8 +220,6 @@ PATCHES_BY_MODULE: dict[str, tuple[VerlPatch, ...]] = {
             apply=_patch_train_mini_batch,
         ),
     ),
-    # the trainers import compute_data_metrics by name, so the binding in each trainer module is replaced
-    **{name: (_trainer_metrics_patch(name),) for name in _TRAINER_MODULES},
 }
 
 
@@ -260,6 +232,8 @@ def _register_algorithms(_module) -> None:
 def install() -> None:
     """Register GRPO+ and its patches, each as soon as verl imports the module it extends."""
     when_imported("verl.trainer.ppo.core_algos", _register_algorithms)
+    add_contributor(_grpo_plus_step_metrics)
+    install_step_metrics()
     for module_name, patches in PATCHES_BY_MODULE.items():
         when_imported(
             module_name,

@@ -4,8 +4,8 @@
   ``RewardManagerConfig`` does on the driver before it checks the configured name.
 * V1 trainer: ``PPOTrainer._compute_metrics`` reads only tensors from TransferQueue; the patch also reads each
   sample's ``extra_fields.reward_extra_info`` and adds ``reward/*`` (:mod:`verl_pipe.rewards.metrics`).
-* Legacy trainer: the reward info arrives as top-level non-tensor fields of the batch; the step-metrics wrapper
-  of :mod:`verl_pipe.algorithms.hooks` calls :func:`legacy_batch_reward_metrics`.
+* Legacy trainer: the reward info arrives as top-level non-tensor fields of the batch;
+  :func:`legacy_batch_reward_metrics` is a :mod:`verl_pipe.step_metrics` contributor.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import importlib
 import logging
 from typing import Any
 
+from verl_pipe import step_metrics
 from verl_pipe.import_hooks import when_imported
 from verl_pipe.patching import VerlPatch, apply_patches, is_patched, mark_patched
 from verl_pipe.rewards.metrics import TIMING_KEYS, reward_step_metrics
@@ -80,4 +81,6 @@ PATCHES: tuple[VerlPatch, ...] = (
 
 def install() -> None:
     when_imported("verl.experimental.reward_loop.reward_manager", _register_manager)
+    step_metrics.add_contributor(legacy_batch_reward_metrics)
+    step_metrics.install()
     when_imported(_V1_MODULE, lambda _module: APPLIED.extend(apply_patches(PATCHES, group="interleaved reward")))

@@ -27,7 +27,6 @@ import asyncio
 import functools
 import inspect
 import math
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +36,8 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
+
+from verl_pipe.reward_score.pool import default_concurrency
 
 MANAGER_NAME = "interleaved"
 
@@ -52,8 +53,7 @@ class InterleavedConfig:
         if unknown:
             raise ValueError(f"unknown key reward.interleaved.{unknown[0]} (known: concurrency)")
         workers = max(1, int(reward_cfg.get("num_workers") or 1))
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        concurrency = int(section.get("concurrency") or max(1, math.ceil(cores / workers)))
+        concurrency = int(section.get("concurrency") or max(1, math.ceil(default_concurrency() / workers)))
         if concurrency < 1:
             raise ValueError(f"reward.interleaved.concurrency must be >= 1, got {concurrency}")
         return cls(concurrency=concurrency)
