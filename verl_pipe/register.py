@@ -11,6 +11,8 @@ What it registers:
   * GRPO+ (``algorithm.adv_estimator=grpo_plus``, ``policy_loss.loss_mode=grpo_plus``) and its patches, each
     applied when verl imports the module it extends;
   * the ``interleaved`` reward manager (``reward.reward_manager.name=interleaved``) and its step metrics;
+  * the pipelined trainer modes (``trainer.v1.trainer_mode=one_off_pipeline|minibatch_pipeline``), the ``gloo``
+    checkpoint engine that syncs separate pools without a GPU, and the separate-pool patches;
   * with ``VERL_PLATFORM=cpu``: verl's FSDP2 engines for device ``cpu`` and the version-guarded CPU patches.
 """
 
@@ -115,10 +117,18 @@ def register() -> None:
         install()
         REGISTERED.setdefault("reward_managers", []).append("interleaved")
 
+    def _register_trainers() -> None:
+        from verl_pipe.trainers.hooks import TRAINER_MODES, install
+
+        install()
+        REGISTERED.setdefault("trainer_modes", []).extend(TRAINER_MODES)
+        REGISTERED.setdefault("checkpoint_engines", []).append("gloo")
+
     steps = [
         ("cpu platform", _register_platform),
         ("GRPO+ algorithms", _register_algorithms),
         ("interleaved reward manager", _register_rewards),
+        ("pipelined trainers", _register_trainers),
         ("hf rollout", _register_rollout),
         ("platform guard", _guard_silent_nvidia_fallback),
     ]

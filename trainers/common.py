@@ -1,0 +1,228 @@
+"""What both pipelined trainer modes share, on top of verl's ``separate_async`` trainer.
+
+verl's ``PPOTrainerSeparateAsync`` already runs a standalone sampler pool beside the trainer pool, streams
+finished prompt groups through TransferQueue, keeps pi_old fixed across minibatches (``DetachActorWorker``) and
+syncs weights through a checkpoint engine. The pipelined modes keep all of that and add:
+
+* start-up checks that name the key and the fix (hybrid replicas on, the ``naive`` engine between pools, pools
+  larger than the cluster, a batch that does not split into minibatches);
+* a replay buffer that picks finished groups up within ``poll_interval_s`` (verl's polls every 2 s) and hands
+  out the longest finished groups first;
+* a per-step ledger (prompts trained, the policy versions that generated each sample, phase times) and
+  per-step metrics: ``pipeline/trainer_bubble_frac``, ``pipeline/time/*``, ``pipeline/staleness_hist/*``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter
+
+import numpy as np
+import ray
+import transfer_queue as tq
+from omegaconf import open_dict
+
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl_pipe.trainers.config import PipelineConfig, PipelineConfigError
+
+logger = logging.getLogger("verl_pipe")
+
+
+class PipelineReplayBuffer(ReplayBufferAsync):
+    """verl's async replay buffer, polling fast and handing out the longest finished groups first.
+
+    Longest-ready-first (verl-pipe's minibatch schedule): among the groups that are ready, the ones with the
+    most response tokens train first, so the long tail of a batch overlaps the training of the short groups
+    that finished before it rather than the other way round. Older groups (lower ``global_steps``) still win.
+    """
+
+    def _select_prompt_uids(self, partition_id, sampleable_keys, batch_size):
+        steps = dict(self.prompt_global_steps[partition_id])
+        partition = dict(self.partitions[partition_id])
+        tokens: Counter = Counter()
+        for key, tag in partition.items():
+            tokens[key.split("_")[0]] += int(tag.get("response_len", 0))
+        ordered = sorted(sampleable_keys, key=lambda uid: (steps.get(uid, 0), -tokens[uid], uid))
+        return ordered[:batch_size], partition, steps
+
+    def inflight_count(self, partition_id: str = "train") -> int:
+        """Prompt groups submitted and not yet finished (re-reads TransferQueue)."""
+        self._sync_metadata_from_transfer_queue()
+        return len(self.pending_keys[partition_id]) + len(self.running_keys[partition_id])
+
+    def ready_count(self, partition_id: str = "train") -> int:
+        """Finished prompt groups not yet sampled by the trainer (as of the last re-read)."""
+        return len(self.finished_keys[partition_id]) + len(self.failure_keys[partition_id])
+
+
+def _cluster_ranks(resource: str) -> float:
+    return float(ray.cluster_resources().get(resource, 0)) if ray.is_initialized() else float("inf")
+
+
+class PipelinedTrainer(PPOTrainerSeparateAsync):
+    """Base of ``minibatch_pipeline`` and ``one_off_pipeline``; subclasses set ``MODE`` and the schedule."""
+
+    MODE = ""
+
+    def __init__(self, config):
+        self.pipeline_cfg = PipelineConfig.from_section(self.MODE, config.trainer.v1.get(self.MODE, {}))
+        self._check_layout(config)
+        minibatches = config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size
+        with open_dict(config):
+            # verl's separate_async constructor asserts this identity on its own section.
+            config.trainer.v1.separate_async.parameter_sync_step = minibatches
+            config.trainer.v1.separate_async.num_warmup_batches = 0
+            config.trainer.v1.separate_async.hybrid_rollout.enable_switch = False
+            if self.MODE not in config.trainer.v1:
+                config.trainer.v1[self.MODE] = {}
+            config.trainer.v1[self.MODE].parameter_sync_step = self.parameter_sync_step_for(config)
+        super().__init__(config)
+        self._ledger_path = self._resolve_ledger_path()
+        self._phase_s: dict[str, float] = {}
+
+    # --- start-up checks ----------------------------------------------------------------------------------------
+
+    def parameter_sync_step_for(self, config) -> int:
+        """Optimizer steps per iteration as verl's step() counts them (one sample-and-update round each)."""
+        raise NotImplementedError
+
+    def _check_layout(self, config) -> None:
+        mode = self.MODE
+        rollout = config.actor_rollout_ref.rollout
+        if config.actor_rollout_ref.get("hybrid_engine", True):
+            raise PipelineConfigError(
+                f"trainer.v1.trainer_mode={mode} runs samplers and trainer on separate pools: set "
+                "actor_rollout_ref.hybrid_engine=False and size the sampler pool with "
+                "actor_rollout_ref.rollout.nnodes / actor_rollout_ref.rollout.n_gpus_per_node"
+            )
+        if rollout.nnodes < 1 or rollout.n_gpus_per_node < 1:
+            raise PipelineConfigError(
+                f"trainer.v1.trainer_mode={mode} needs a sampler pool: set actor_rollout_ref.rollout.nnodes >= 1 and "
+                f"actor_rollout_ref.rollout.n_gpus_per_node >= 1 (got {rollout.nnodes} x {rollout.n_gpus_per_node})"
+            )
+        backend = rollout.checkpoint_engine.backend
+        if backend == "naive":
+            raise PipelineConfigError(
+                "actor_rollout_ref.rollout.checkpoint_engine.backend=naive only syncs a trainer with rollout "
+                f"workers in its own processes; {mode} has separate pools: use backend=nccl on GPUs or "
+                "backend=gloo on the CPU backend"
+            )
+        train_batch = config.data.train_batch_size
+        mini_batch = config.actor_rollout_ref.actor.ppo_mini_batch_size
+        if mini_batch < 1 or train_batch % mini_batch:
+            raise PipelineConfigError(
+                f"data.train_batch_size={train_batch} must be a multiple of "
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}: each minibatch is whole prompt groups"
+            )
+        device = str(config.trainer.get("device", "cuda"))
+        resource = "CPU" if device == "cpu" else ("NPU" if device == "npu" else "GPU")
+        trainer_ranks = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        sampler_ranks = rollout.nnodes * rollout.n_gpus_per_node
+        available = _cluster_ranks(resource)
+        if trainer_ranks + sampler_ranks > available:
+            raise PipelineConfigError(
+                f"{mode} needs {trainer_ranks} trainer ranks (trainer.nnodes x trainer.n_gpus_per_node) plus "
+                f"{sampler_ranks} sampler ranks (actor_rollout_ref.rollout.nnodes x "
+                f"actor_rollout_ref.rollout.n_gpus_per_node) = {trainer_ranks + sampler_ranks} {resource}, but the "
+                f"Ray cluster has {available:g}: shrink one of the pools or add nodes"
+            )
+
+    def _build_replay_buffer(self):
+        buffer = super()._build_replay_buffer()
+        if type(buffer) is ReplayBufferAsync:  # a user's custom sampler is left alone
+            buffer.__class__ = PipelineReplayBuffer  # same constructor and state; only selection and polling differ
+            buffer.poll_interval = self.pipeline_cfg.poll_interval_s
+        return buffer
+
+    # --- waiting on the sampler ---------------------------------------------------------------------------------
+
+    def _sampler_idle(self) -> bool:
+        return self.replay_buffer.inflight_count() == 0
+
+    def _wait_sampler_idle(self) -> float:
+        """Block until no prompt is pending or running; returns the seconds waited."""
+        started = time.perf_counter()
+        while not self._sampler_idle():
+            time.sleep(self.pipeline_cfg.poll_interval_s)
+        return time.perf_counter() - started
+
+    def _submit_tagged(self, step: int, num_prompts: int) -> None:
+        """Submit prompts tagged with the step that will train them (verl tags the current step).
+
+        The replay buffer hands out the lowest tag first, so a prefetched batch that happens to finish early
+        can never be taken in place of the batch whose turn it is.
+        """
+        current = self.global_steps
+        self.global_steps = step
+        try:
+            self._add_prompts_to_generate(num_prompts)
+        finally:
+            self.global_steps = current
+
+    def _sync_weights(self, inside_gen_timer: bool = False) -> None:
+        """Push the trainer's weights to the sampler pool through the checkpoint engine (sampler idle)."""
+        started = time.perf_counter()
+        self._pending_sync_metrics = dict(self.standalone_checkpoint_manager.update_weights(self.global_steps) or {})
+        seconds = time.perf_counter() - started
+        self._add_phase("sync", seconds)
+        if inside_gen_timer:  # verl's "gen" timer is running: keep the sync out of the trainer's wait for samples
+            self._add_phase("sync_inside_gen", seconds)
+
+    def _add_phase(self, name: str, seconds: float) -> None:
+        self._phase_s[name] = self._phase_s.get(name, 0.0) + seconds
+
+    # --- per-step bookkeeping -----------------------------------------------------------------------------------
+
+    def _resolve_ledger_path(self):
+        path = self.pipeline_cfg.ledger_path
+        if path == "":
+            return None
+        return path or os.path.join(self.config.trainer.default_local_dir, "pipeline_ledger.jsonl")
+
+    def _trained_prompt_ids(self, batch) -> list:
+        """Dataset identity of each trained prompt group (``index`` of the dataset row, else the uid)."""
+        uids = sorted({key.split("_")[0] for key in batch.keys})
+        first_keys = [next(k for k in batch.keys if k.split("_")[0] == uid) for uid in uids]
+        try:
+            data = tq.kv_batch_get(keys=first_keys, partition_id=batch.partition_id, select_fields=["index"])
+            return [int(i) for i in np.asarray(data["index"]).reshape(-1).tolist()]
+        except Exception:  # noqa: BLE001 - datasets without an index column are identified by uid
+            return uids
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        real = [tag for tag in batch.tags if not tag.get("is_padding", False)]
+        staleness = np.array([(global_steps - 1) - int(tag["max_global_steps"]) for tag in real], dtype=int)
+        for value, count in Counter(staleness.tolist()).items():
+            metrics[f"pipeline/staleness_hist/{value}"] = count
+        step_s = float(timing_raw.get("step", 0.0)) or 1e-9
+        wait_s = max(0.0, float(timing_raw.get("gen", 0.0)) - self._phase_s.get("sync_inside_gen", 0.0))
+        sync_s = self._phase_s.get("sync", 0.0)
+        metrics["pipeline/time/gen_wait_s"] = wait_s
+        metrics["pipeline/time/sync_s"] = sync_s
+        metrics["pipeline/time/train_s"] = max(0.0, step_s - wait_s - sync_s)
+        metrics["pipeline/trainer_bubble_frac"] = min(1.0, (wait_s + sync_s) / step_s)
+        metrics["pipeline/prompts_trained"] = len({key.split("_")[0] for key in batch.keys})
+        self._write_ledger(batch, real, global_steps, metrics)
+        self._phase_s = {}
+
+    def _write_ledger(self, batch, real_tags, global_steps, metrics) -> None:
+        if self._ledger_path is None:
+            return
+        record = {
+            "step": global_steps,
+            "mode": self.MODE,
+            "trainer_version": global_steps - 1,
+            "prompts": self._trained_prompt_ids(batch),
+            "sample_versions": sorted(
+                {(int(t["min_global_steps"]), int(t["max_global_steps"])) for t in real_tags}
+            ),
+            "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("pipeline/")},
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(self._ledger_path)), exist_ok=True)
+        with open(self._ledger_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")

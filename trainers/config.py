@@ -1,0 +1,43 @@
+"""Typed settings of the pipelined trainer modes, read from ``trainer.v1.<mode>`` and validated at start-up.
+
+verl reads per-mode settings with ``config.trainer.v1.get(mode, {})``, so ours live under
+``trainer.v1.minibatch_pipeline`` / ``trainer.v1.one_off_pipeline`` (set them with a leading ``+`` on the
+command line, as any key verl's schema does not know). Every error names the full key and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+
+class PipelineConfigError(ValueError):
+    """A pipelined-trainer setting that cannot work; the message names the key and the fix."""
+
+
+@dataclass
+class PipelineConfig:
+    # How often the trainer polls TransferQueue for finished prompt groups. verl's replay buffer waits 2 s per
+    # poll, longer than a whole step of a small model; finished groups should be picked up at once.
+    poll_interval_s: float = 0.05
+    # Write one JSON line per step (prompts trained, the policy versions that generated them, phase times) here;
+    # default: <trainer.default_local_dir>/pipeline_ledger.jsonl. "" turns it off.
+    ledger_path: Optional[str] = None
+    # one_off_pipeline: fail the step if a sample's generating policy is not exactly one version behind.
+    assert_staleness: bool = True
+
+    @classmethod
+    def from_section(cls, mode: str, section: Any) -> "PipelineConfig":
+        section = dict(section or {})
+        known = {f.name for f in fields(cls)}
+        # parameter_sync_step is verl's own per-mode key; the trainers derive it and check a user value.
+        unknown = sorted(set(section) - known - {"parameter_sync_step"})
+        if unknown:
+            raise PipelineConfigError(
+                f"unknown key(s) trainer.v1.{mode}.{unknown[0]} (all unknown: {unknown}); "
+                f"known keys: {sorted(known | {'parameter_sync_step'})}"
+            )
+        cfg = cls(**{k: v for k, v in section.items() if k in known})
+        if not cfg.poll_interval_s > 0:
+            raise PipelineConfigError(f"trainer.v1.{mode}.poll_interval_s must be > 0, got {cfg.poll_interval_s}")
+        return cfg

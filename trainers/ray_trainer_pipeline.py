@@ -1,0 +1,66 @@
+"""``minibatch_pipeline``: the trainer updates on minibatches of finished prompt groups while the rest generate.
+
+verl-pipe's minibatch pipelining (thesis §4.2) on verl's V1 trainer: ``trainer.v1.trainer_mode=minibatch_pipeline``.
+Each iteration:
+
+1. the iteration's ``data.train_batch_size`` prompts go to the sampler pool at once;
+2. as soon as ``ppo_mini_batch_size`` prompt groups have finished, the trainer takes them (the longest finished
+   groups first) and runs one optimizer step on them, while the sampler keeps generating the rest;
+3. pi_old is the policy that generated the iteration: verl's ``DetachActorWorker`` snapshots it before the first
+   minibatch and restores it to compute every later minibatch's old log-probs (verl-pipe patches the snapshot so
+   it is a copy when parameters live in host memory);
+4. after the last minibatch, the new weights go to the sampler through the checkpoint engine.
+
+Unlike the original verl-pipe, no minibatch ever spills into the next iteration (checked every step), GRPO+'s
+clip-high, overlong masking and IS correction apply to every minibatch (they live in verl's actor update, which
+each minibatch goes through), and weights travel through verl's checkpoint engine, not the Ray object store.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl_pipe.trainers.common import PipelinedTrainer
+from verl_pipe.trainers.config import PipelineConfigError
+
+logger = logging.getLogger("verl_pipe")
+
+
+@register_trainer("minibatch_pipeline")
+class MinibatchPipelineTrainer(PipelinedTrainer):
+    MODE = "minibatch_pipeline"
+
+    def parameter_sync_step_for(self, config) -> int:
+        minibatches = config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size
+        requested = config.trainer.v1.get(self.MODE, {}).get("parameter_sync_step", None)
+        if requested not in (None, minibatches):
+            raise PipelineConfigError(
+                f"trainer.v1.{self.MODE}.parameter_sync_step={requested} contradicts data.train_batch_size / "
+                f"actor_rollout_ref.actor.ppo_mini_batch_size = {minibatches}: leave it unset (it is derived)"
+            )
+        return minibatches
+
+    def on_train_begin(self):
+        return None  # no prefetch: each iteration generates exactly its own prompts
+
+    def prepare_step(self) -> dict:
+        # After a resume, prompts restored from the checkpoint already belong to this iteration.
+        restored, self._restored_tq_prompt_count = self._restored_tq_prompt_count, 0
+        missing = self.config.data.train_batch_size - restored
+        if missing > 0:
+            self._submit_tagged(self.global_steps, missing)
+        return {}
+
+    def on_step_end(self):
+        if self.prev_step_profile:
+            self._stop_rollout_profiling()
+        left_in_flight = self.replay_buffer.inflight_count()
+        left_ready = self.replay_buffer.ready_count()
+        if left_in_flight or left_ready:
+            raise RuntimeError(
+                f"minibatch_pipeline step {self.global_steps}: {left_in_flight} prompt groups still generating and "
+                f"{left_ready} finished but untrained after the last minibatch; they would spill into the next "
+                "iteration under new weights"
+            )
+        self._sync_weights()
