@@ -78,3 +78,21 @@ def test_unknown_and_bad_section_keys_are_named():
     with pytest.raises(PipelineConfigError, match="poll_interval_s must be > 0"):
         PipelineConfig.from_section("one_off_pipeline", {"poll_interval_s": 0})
     assert PipelineConfig.from_section("one_off_pipeline", {"parameter_sync_step": 1}).poll_interval_s == 0.05
+
+
+def test_modes_and_engine_are_found_through_verls_registries_in_a_fresh_process():
+    """What verl's TaskRunner and workers do: only ``import verl`` (the entry point), then look the names up."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import verl\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "from verl.checkpoint_engine import CheckpointEngineRegistry\n"
+        "print(get_trainer_cls('one_off_pipeline').__name__, get_trainer_cls('minibatch_pipeline').__name__,"
+        " CheckpointEngineRegistry.get('gloo').__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
+    assert out.stdout.split() == ["OneOffPipelineTrainer", "MinibatchPipelineTrainer", "GlooCheckpointEngine"], (
+        out.stderr[-2000:]
+    )
