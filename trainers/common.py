@@ -8,8 +8,9 @@ syncs weights through a checkpoint engine. The pipelined modes keep all of that 
   larger than the cluster, a batch that does not split into minibatches);
 * a replay buffer that picks finished groups up within ``poll_interval_s`` (verl's polls every 2 s) and hands
   out the longest finished groups first;
-* a per-step ledger (prompts trained, the policy versions that generated each sample, phase times) and
-  per-step metrics: ``pipeline/trainer_bubble_frac``, ``pipeline/time/*``, ``pipeline/staleness_hist/*``.
+* a per-step ledger (prompts trained, the policy versions that generated each sample, phase times),
+  per-step metrics (``pipeline/trainer_bubble_frac``, ``pipeline/sampler_idle_frac``, ``pipeline/time/*``,
+  ``pipeline/staleness_hist/*``) and a timeline of samplers, reward workers and trainer (:mod:`.timeline`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import os
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import ray
@@ -27,7 +29,9 @@ from omegaconf import open_dict
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl_pipe.rewards.hooks import _v1_reward_infos
 from verl_pipe.trainers.config import PipelineConfig, PipelineConfigError
+from verl_pipe.trainers.timeline import Interval, Timeline, busy_seconds
 
 logger = logging.getLogger("verl_pipe")
 
@@ -81,8 +85,13 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
                 config.trainer.v1[self.MODE] = {}
             config.trainer.v1[self.MODE].parameter_sync_step = self.parameter_sync_step_for(config)
         super().__init__(config)
-        self._ledger_path = self._resolve_ledger_path()
+        self._ledger_path = self._resolve_path(self.pipeline_cfg.ledger_path, "pipeline_ledger.jsonl")
+        timeline_path = self._resolve_path(self.pipeline_cfg.timeline_path, "timeline.json")
+        self.timeline = Timeline(timeline_path) if timeline_path else None
         self._phase_s: dict[str, float] = {}
+        self._open_phase: tuple[str, float] | None = None  # the trainer's current timeline interval
+        self._submitted_at: dict[int, float] = {}  # batch tag (the step that trains it) -> submission time
+        self._window_start = time.time()
 
     # --- start-up checks ----------------------------------------------------------------------------------------
 
@@ -159,15 +168,19 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         current = self.global_steps
         self.global_steps = step
         try:
+            self._submitted_at.setdefault(step, time.time())
             self._add_prompts_to_generate(num_prompts)
         finally:
             self.global_steps = current
 
     def _sync_weights(self, inside_gen_timer: bool = False) -> None:
         """Push the trainer's weights to the sampler pool through the checkpoint engine (sampler idle)."""
+        resume = self._open_phase[0] if self._open_phase else None
+        self._phase("sync")
         started = time.perf_counter()
         self._pending_sync_metrics = dict(self.standalone_checkpoint_manager.update_weights(self.global_steps) or {})
         seconds = time.perf_counter() - started
+        self._phase(resume)
         self._add_phase("sync", seconds)
         if inside_gen_timer:  # verl's "gen" timer is running: keep the sync out of the trainer's wait for samples
             self._add_phase("sync_inside_gen", seconds)
@@ -175,13 +188,37 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
     def _add_phase(self, name: str, seconds: float) -> None:
         self._phase_s[name] = self._phase_s.get(name, 0.0) + seconds
 
+    # --- the trainer's timeline track ------------------------------------------------------------------------------
+
+    def _phase(self, name: str | None) -> None:
+        """Close the trainer's current interval and open ``name`` (None: the trainer is between phases)."""
+        now = time.time()
+        if self._open_phase is not None and self.timeline is not None:
+            self.timeline.add("trainer", self._open_phase[0], self._open_phase[1], now)
+        self._open_phase = (name, now) if name else None
+
+    def on_sample_begin(self):
+        super().on_sample_begin()
+        self._phase("wait for samples")
+
+    def on_sample_end(self):
+        super().on_sample_end()
+        self._phase("train")
+
+    def on_validate_begin(self):
+        super().on_validate_begin()
+        self._phase("validate")
+
+    def on_validate_end(self):
+        super().on_validate_end()
+        self._phase(None)
+
     # --- per-step bookkeeping -----------------------------------------------------------------------------------
 
-    def _resolve_ledger_path(self):
-        path = self.pipeline_cfg.ledger_path
-        if path == "":
+    def _resolve_path(self, configured, default_name: str):
+        if configured == "":
             return None
-        return path or os.path.join(self.config.trainer.default_local_dir, "pipeline_ledger.jsonl")
+        return configured or os.path.join(self.config.trainer.default_local_dir, default_name)
 
     def _trained_prompt_ids(self, batch) -> list:
         """Dataset identity of each trained prompt group (``index`` of the dataset row, else the uid)."""
@@ -207,8 +244,53 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         metrics["pipeline/time/train_s"] = max(0.0, step_s - wait_s - sync_s)
         metrics["pipeline/trainer_bubble_frac"] = min(1.0, (wait_s + sync_s) / step_s)
         metrics["pipeline/prompts_trained"] = len({key.split("_")[0] for key in batch.keys})
+        self._record_sampler_and_rewards(batch, real, metrics)
         self._write_ledger(batch, real, global_steps, metrics)
         self._phase_s = {}
+
+    def _record_sampler_and_rewards(self, batch, real_tags, metrics) -> None:
+        """Sampler and reward intervals of the trained batch, and the sampler's idle share of this step.
+
+        A sample's generation ended when the reward manager enqueued it (``reward_enqueue_ts``, written by the
+        ``interleaved`` manager); without those timestamps only the trainer's track is drawn.
+        """
+        now = time.time()
+        infos = [info for info in _v1_reward_infos(batch) if "reward_enqueue_ts" in info]
+        tags = sorted({int(tag["global_steps"]) for tag in real_tags})
+        sampler: list[Interval] = []
+        if infos:
+            generated_until = max(float(info["reward_enqueue_ts"]) for info in infos)
+            for tag in tags:
+                if tag in self._submitted_at:
+                    sampler.append(Interval("sampler", f"generate B{tag}", self._submitted_at.pop(tag), generated_until))
+            for info in infos:
+                if self.timeline is not None:
+                    self.timeline.add("reward", "score", float(info["reward_start_ts"]), float(info["reward_end_ts"]))
+        if self.timeline is not None:
+            for interval in sampler:
+                self.timeline.add(interval.track, interval.name, interval.start, interval.end)
+            self.timeline.write()
+        if infos:
+            # Batches submitted and not yet trained (one-off's prefetch) by their real end too, or now if running.
+            in_flight = [
+                Interval("sampler", "", start, self._generation_end(tag, now)) for tag, start in self._submitted_at.items()
+            ]
+            known = (self.timeline.track("sampler") if self.timeline is not None else sampler) + in_flight
+            window = max(now - self._window_start, 1e-9)
+            metrics["pipeline/sampler_idle_frac"] = 1.0 - busy_seconds(known, self._window_start, now) / window
+        self._window_start = now
+
+    def _generation_end(self, tag: int, now: float) -> float:
+        """When the untrained batch ``tag`` finished generating (its last reward enqueue), or ``now`` if it has not."""
+        buffer = self.replay_buffer
+        buffer._sync_metadata_from_transfer_queue()
+        uids = {uid for uid, step in buffer.prompt_global_steps["train"].items() if step == tag}
+        if not uids or uids & (buffer.pending_keys["train"] | buffer.running_keys["train"]):
+            return now
+        keys = [key for key in buffer.partitions["train"] if key.split("_")[0] in uids]
+        infos = _v1_reward_infos(SimpleNamespace(keys=keys, partition_id="train")) if keys else []
+        ends = [float(info["reward_enqueue_ts"]) for info in infos if "reward_enqueue_ts" in info]
+        return max(ends) if ends else now
 
     def _write_ledger(self, batch, real_tags, global_steps, metrics) -> None:
         if self._ledger_path is None:

@@ -23,6 +23,9 @@ class PipelineConfig:
     # Write one JSON line per step (prompts trained, the policy versions that generated them, phase times) here;
     # default: <trainer.default_local_dir>/pipeline_ledger.jsonl. "" turns it off.
     ledger_path: Optional[str] = None
+    # Chrome-trace timeline of samplers, reward workers and trainer, rewritten after every step (draw it with
+    # `verl-pipe plot TRACE.json`); default: <trainer.default_local_dir>/timeline.json. "" turns it off.
+    timeline_path: Optional[str] = None
     # one_off_pipeline: fail the step if a sample's generating policy is not exactly one version behind.
     assert_staleness: bool = True
 

@@ -68,13 +68,15 @@ class OneOffPipelineTrainer(PipelinedTrainer):
         if self._sampler_idle():
             self._sync_if_behind()
             self._submit_ready_batches(up_to=self.global_steps + 2)
+        self._phase(None)
 
     def on_validate_begin(self):
         # Validation runs on the sampler pool: it must see the newest weights.
-        waited = self._wait_sampler_idle()
-        self._add_phase("gen_wait_validate", waited)
+        self._phase("wait for samples")
+        self._add_phase("gen_wait_validate", self._wait_sampler_idle())
         self._sync_if_behind()
         self._submit_ready_batches(up_to=self.global_steps + 2)
+        super().on_validate_begin()
 
     def _sync_if_behind(self, inside_gen_timer: bool = False) -> None:
         if self._trained_version > self._synced_version:

@@ -64,3 +64,4 @@ class MinibatchPipelineTrainer(PipelinedTrainer):
                 "iteration under new weights"
             )
         self._sync_weights()
+        self._phase(None)

@@ -1,7 +1,7 @@
 """The ``verl-pipe`` command: utilities around verl runs (training itself stays ``python -m verl.trainer.main_ppo``).
 
 verl-pipe quickstart [--model smollm2|tiny|PATH] [--steps N] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
-verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]
+verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]   (or a pipelined run's timeline.json: a Gantt PNG)
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
 verl-pipe doctor
@@ -25,6 +25,11 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
+    if args.metrics.endswith(".json"):  # a pipelined trainer's chrome-trace timeline: draw it as a Gantt chart
+        from verl_pipe.trainers.timeline import plot_trace
+
+        print(plot_trace(args.metrics, args.output or args.metrics[: -len(".json")] + ".png"))
+        return 0
     from verl_pipe.plot import plot_metrics
 
     out = args.output or args.metrics.replace(".jsonl", ".png")
@@ -100,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument("overrides", nargs="*", help="hydra overrides passed to verl, e.g. trainer.total_training_steps=5")
     qs.set_defaults(func=_quickstart)
 
-    plot = sub.add_parser("plot", help="draw a run's metrics.jsonl")
+    plot = sub.add_parser("plot", help="draw a run's metrics.jsonl, or a pipelined run's timeline.json as a Gantt chart")
     plot.add_argument("metrics")
     plot.add_argument("-o", "--output")
     plot.set_defaults(func=_plot)

@@ -10,6 +10,7 @@ x 2 samples. What is checked, from each run's own records (verl's metrics and th
   (pi_old) equal the sampler's log-probs of the same tokens, which holds only if the sampler got the trainer's
   weights at the last sync *and* pi_old stayed frozen while the first minibatch updated the live weights;
 * both: prompts consumed = steps x batch, none twice; each sync moved the served policy (probe sequence);
+* the run's timeline (chrome trace) shows the sampler generating while the trainer trains, and renders as a PNG;
 * a run killed after step 2 and resumed trains exactly the prompts of an uninterrupted run;
 * pools larger than the cluster stop the run at start-up, naming the keys.
 """
@@ -128,6 +129,32 @@ def test_one_off_pipeline_trains_exactly_one_version_behind(one_off_run, tail_of
     # one sync per update moved the served policy, validation included
     _assert_syncs_moved_policy(probe, expected=STEPS - 1)
     assert any(key.startswith("val-") for key in metrics[STEPS]), "validation ran after the last step"
+    for data in metrics.values():
+        assert 0.0 <= data["pipeline/sampler_idle_frac"] <= 1.0
+
+
+def test_one_off_timeline_shows_generation_overlapping_training(one_off_run):
+    from verl_pipe.trainers.timeline import load_trace, overlap_seconds
+
+    run_dir = one_off_run[0]
+    trace = os.path.join(run_dir, "checkpoints", "timeline.json")
+    intervals = load_trace(trace)
+    sampler = [i for i in intervals if i.track == "sampler"]
+    training = [i for i in intervals if i.track == "trainer" and i.name == "train"]
+    assert len(sampler) == STEPS and [i.name for i in sorted(sampler, key=lambda i: i.start)][0] == "generate B1"
+    assert sum(i.name == "sync" for i in intervals) >= STEPS - 1
+    assert any(i.track == "reward" for i in intervals), "the interleaved manager's scoring intervals"
+    # batch k+1 generates while batch k trains: the two tracks overlap
+    assert overlap_seconds(sampler, training) > 0.0
+    png = os.path.join(run_dir, "timeline.png")
+    out = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "verl-pipe"), "plot", trace, "-o", png],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert os.path.getsize(png) > 10_000
 
 
 def test_minibatch_pipeline_freezes_pi_old_and_syncs(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of):
