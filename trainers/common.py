@@ -227,7 +227,15 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         try:
             data = tq.kv_batch_get(keys=first_keys, partition_id=batch.partition_id, select_fields=["index"])
             return [int(i) for i in np.asarray(data["index"]).reshape(-1).tolist()]
-        except Exception:  # noqa: BLE001 - datasets without an index column are identified by uid
+        except Exception as error:  # noqa: BLE001 - datasets without an index column are identified by uid
+            if not getattr(self, "_warned_no_index", False):
+                self._warned_no_index = True
+                logger.warning(
+                    "verl-pipe: the ledger identifies prompts by uid (no dataset 'index' field: %s: %s); uids "
+                    "differ between a run and its resume",
+                    type(error).__name__,
+                    error,
+                )
             return uids
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
@@ -272,6 +280,7 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
             self.timeline.write()
         if infos:
             # Batches submitted and not yet trained (one-off's prefetch) by their real end too, or now if running.
+            self.replay_buffer._sync_metadata_from_transfer_queue()
             in_flight = [
                 Interval("sampler", "", start, self._generation_end(tag, now)) for tag, start in self._submitted_at.items()
             ]
@@ -281,9 +290,11 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         self._window_start = now
 
     def _generation_end(self, tag: int, now: float) -> float:
-        """When the untrained batch ``tag`` finished generating (its last reward enqueue), or ``now`` if it has not."""
+        """When the untrained batch ``tag`` finished generating (its last reward enqueue), or ``now`` if it has not.
+
+        Reads the replay buffer's metadata snapshot; the caller re-reads TransferQueue once for all batches.
+        """
         buffer = self.replay_buffer
-        buffer._sync_metadata_from_transfer_queue()
         uids = {uid for uid, step in buffer.prompt_global_steps["train"].items() if step == tag}
         if not uids or uids & (buffer.pending_keys["train"] | buffer.running_keys["train"]):
             return now

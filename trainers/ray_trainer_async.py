@@ -72,8 +72,8 @@ class OneOffPipelineTrainer(PipelinedTrainer):
 
     def on_validate_begin(self):
         # Validation runs on the sampler pool: it must see the newest weights.
-        self._phase("wait for samples")
-        self._add_phase("gen_wait_validate", self._wait_sampler_idle())
+        self._phase("wait for samples")  # drawn on the timeline; the step's metrics are closed by now
+        self._wait_sampler_idle()
         self._sync_if_behind()
         self._submit_ready_batches(up_to=self.global_steps + 2)
         super().on_validate_begin()

@@ -18,13 +18,9 @@ each minibatch goes through), and weights travel through verl's checkpoint engin
 
 from __future__ import annotations
 
-import logging
-
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl_pipe.trainers.common import PipelinedTrainer
 from verl_pipe.trainers.config import PipelineConfigError
-
-logger = logging.getLogger("verl_pipe")
 
 
 @register_trainer("minibatch_pipeline")
