@@ -41,14 +41,37 @@ logger = logging.getLogger("verl_pipe")
 
 
 class PipelineReplayBuffer(ReplayBufferAsync):
-    """verl's async replay buffer, polling fast and handing out the longest finished groups first.
+    """verl's async replay buffer, polling fast, batch by batch, and handing out the longest finished groups first.
 
-    Longest-ready-first (verl-pipe's minibatch schedule): among the groups that are ready, the ones with the
-    most response tokens train first, so the long tail of a batch overlaps the training of the short groups
-    that finished before it rather than the other way round. Older groups (lower ``global_steps``) still win.
+    * Batch by batch: only groups of the oldest batch still known (lowest ``global_steps`` tag) are handed out,
+      so a group of a prefetched batch that happens to finish early never fills the current batch.
+    * Longest-ready-first (verl-pipe's minibatch schedule): among the ready groups, the ones with the most
+      response tokens train first, so the long tail of a batch overlaps the training of the short groups that
+      finished before it rather than the other way round.
+    * ``on_poll`` (set by a trainer) runs between polls while the trainer waits for samples, on the snapshot
+      just read: one-off pipelining syncs the sampler there as soon as the batch in flight has generated.
     """
 
+    on_poll = None  # callable(partition_id) -> None
+
+    def _oldest_batch(self, partition_id, keys):
+        steps = self.prompt_global_steps[partition_id]
+        if partition_id == "val" or not steps:
+            return keys
+        oldest = min(steps.values())
+        return {uid for uid in keys if steps.get(uid) == oldest}
+
+    def _has_enough_samples(self, global_steps, partition_id, batch_size, sampleable_keys):
+        oldest = self._oldest_batch(partition_id, sampleable_keys)
+        return super()._has_enough_samples(global_steps, partition_id, batch_size, oldest)
+
+    def _wait_for_next_poll(self, partition_id, last_debug_time):
+        if self.on_poll is not None:
+            self.on_poll(partition_id)
+        return super()._wait_for_next_poll(partition_id, last_debug_time)
+
     def _select_prompt_uids(self, partition_id, sampleable_keys, batch_size):
+        sampleable_keys = self._oldest_batch(partition_id, sampleable_keys)
         steps = dict(self.prompt_global_steps[partition_id])
         partition = dict(self.partitions[partition_id])
         tokens: Counter = Counter()

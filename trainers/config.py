@@ -44,8 +44,9 @@ class PipelineConfig:
     def from_section(cls, mode: str, section: Any) -> "PipelineConfig":
         section = dict(section or {})
         known = {f.name for f in fields(cls)}
-        # parameter_sync_step is verl's own per-mode key; the trainers derive it and check a user value.
-        unknown = sorted(set(section) - known - {"parameter_sync_step"})
+        # parameter_sync_step is verl's own per-mode key (the trainers derive it and check a user value);
+        # generation_counter names one_off_pipeline's actor for the agent-loop workers (set by the trainer).
+        unknown = sorted(set(section) - known - {"parameter_sync_step", "generation_counter"})
         if unknown:
             raise PipelineConfigError(
                 f"unknown key(s) trainer.v1.{mode}.{unknown[0]} (all unknown: {unknown}); "

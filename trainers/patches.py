@@ -11,6 +11,12 @@ verl changed, and covered by a test that fails without the patch.
    in host memory (the CPU backend, or a GPU run with parameter offload) ``.cpu()`` returns the *same*
    storage, so the "saved" pi_old is the live parameter and the optimizer silently overwrites it: every
    minibatch after the first computes its PPO ratio against the current weights instead of pi_old.
+
+One hook verl lacks, applied the same way:
+
+3. ``AgentLoopWorker._compute_score`` is called once per session by V1's post-processing, after the session's
+   last turn and before its reward; wrapped, it reports the session to the run's generation counter
+   (:mod:`.generation_counter`), which tells ``one_off_pipeline`` when the batch in flight has generated.
 """
 
 from __future__ import annotations
@@ -71,6 +77,28 @@ def _patch_sharded_save_aliasing() -> None:
     fsdp_utils.fsdp2_sharded_save_to_cpu = fsdp2_sharded_save_to_cpu
 
 
+# --- 3. report each session that finished generating --------------------------------------------------------
+
+
+def _patch_report_generated_sessions() -> None:
+    # Not AgentLoopWorkerTQ's own method: Ray ships that @ray.remote class to its workers as pickled when it
+    # was decorated, before any import hook could wrap it. Its plain base class is imported by the worker.
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    from verl_pipe.trainers.generation_counter import report_generated
+
+    original = AgentLoopWorker._compute_score
+    if is_patched(original):
+        return
+
+    @mark_patched(original)
+    async def _compute_score(self, outputs, kwargs):
+        report_generated(self.config, kwargs)
+        return await original(self, outputs, kwargs)
+
+    AgentLoopWorker._compute_score = _compute_score
+
+
 SEPARATE_POOL_PATCHES: tuple[VerlPatch, ...] = (
     VerlPatch(
         name="separate_async_logger_flush_kwarg",
@@ -86,6 +114,15 @@ SEPARATE_POOL_PATCHES: tuple[VerlPatch, ...] = (
         upstream="fsdp2_sharded_save_to_cpu should clone when the parameter is already in host memory",
         apply=_patch_sharded_save_aliasing,
     ),
+    VerlPatch(
+        name="report_generated_sessions",
+        # V1's post-processing calls this first, once per session, after generation and before anything else
+        # (test_generation_counter_on_cpu checks that order in AgentLoopWorkerTQ._agent_loop_postprocess).
+        target="verl.experimental.agent_loop.agent_loop:AgentLoopWorker._compute_score",
+        fingerprint="async def _compute_score(self, outputs: list[AgentLoopOutput], kwargs: dict) -> None:",
+        upstream="a per-session 'generation finished' event in the V1 agent loop (before the streamed reward)",
+        apply=_patch_report_generated_sessions,
+    ),
 )
 
 
@@ -94,6 +131,7 @@ def install() -> None:
     by_module = {
         "verl.trainer.ppo.v1.trainer_separate_async": SEPARATE_POOL_PATCHES[0],
         "verl.utils.fsdp_utils": SEPARATE_POOL_PATCHES[1],
+        "verl.experimental.agent_loop.agent_loop": SEPARATE_POOL_PATCHES[2],
     }
     for module_name, patch in by_module.items():
         when_imported(
