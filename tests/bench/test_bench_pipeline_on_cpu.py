@@ -16,6 +16,7 @@ from verl_pipe.bench.pipeline import (
     RunResult,
     compare,
     format_report,
+    minibatch_ideal,
     one_off_ideal,
     summarize_run,
 )
@@ -60,6 +61,17 @@ def test_ratios_and_one_off_ideal_bound():
     text = format_report({"runs": [r.__dict__ | {"train_s": r.train_s} for r in (after, streaming)],
                           "comparison": report, "wall_s": 1.0, "out_dir": "/x"})  # fmt: skip
     assert "one_off_pipeline vs verl_sync_reward_after: 2.00x of an ideal 2.05x (98%)" in text
+    # on-policy: the last of 2 minibatches (0.25) and the sync stay after generation (1 + 0.25 + 0.05)
+    assert minibatch_ideal(after) == pytest.approx(2.05 / 1.3)
+    separate = _run("verl_separate_async", 1.0, gen=0.6, sync=0.05)
+    report = compare([after, streaming, separate, _run("minibatch_pipeline", 1.35)])
+    assert report["coding"]["minibatch_share_of_ideal"]["verl_sync_reward_after"] == pytest.approx(
+        (2.05 / 1.35) / (2.05 / 1.3)
+    )
+    runs = [r.__dict__ | {"train_s": r.train_s} for r in (after, streaming, separate)]
+    text = format_report({"runs": runs, "comparison": report, "wall_s": 1.0, "out_dir": "/x"})
+    floor = 1.6 / minibatch_ideal(streaming)
+    assert f"on-policy floor {floor:.2f} s/step (from verl_sync's phases) vs verl_separate_async 1.00 s/step" in text
 
 
 def test_config_errors_name_the_problem():
@@ -85,4 +97,6 @@ def test_one_off_beats_the_reward_after_generation_baseline(tmp_path, ray_cluste
     assert set(runs) == {"verl_sync_reward_after", "one_off_pipeline"}
     assert runs["verl_sync_reward_after"]["reward_after_s"] > 0.5 * 3 * 0.9  # the modelled late reward was spent
     assert runs["one_off_pipeline"]["reward_hidden_frac"] > 0.5
+    # each measured step's sync went out when the batch had generated, not when its last (modelled) reward landed
+    assert runs["one_off_pipeline"]["syncs_before_last_reward"] > 0.5
     assert report["comparison"]["coding"]["speedup"]["one_off_pipeline"]["verl_sync_reward_after"] > 1.5
