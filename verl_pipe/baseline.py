@@ -14,21 +14,8 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Optional
-
-
-@dataclass
-class BaselineConfig:
-    model: str = "smollm2"
-    samples: int = 4
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 192
-    batch_size: int = 16
-    seed: int = 0
-    split: str = "all"  # "all", "train" or "val"
-    out: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +29,14 @@ class SamplingConfig:
     max_tokens: int = 192
     batch_size: int = 16
     seed: int = 0
+
+
+@dataclass(frozen=True)
+class BaselineConfig(SamplingConfig):
+    """The sampling settings plus which embedded problems to score."""
+
+    split: str = "all"  # "all", "train" or "val"
+    out: Optional[str] = None
 
 
 def iter_completions(
@@ -87,13 +82,12 @@ def run_baseline(cfg: BaselineConfig) -> dict:
         train, val = split_problems(problems, seed=cfg.seed)
         problems = train if cfg.split == "train" else val
     rows = to_verl_rows(problems, split=cfg.split)
-    sampling = SamplingConfig(**{f.name: getattr(cfg, f.name) for f in fields(SamplingConfig)})
 
     started = time.time()
     per_problem: dict[str, list[float]] = defaultdict(list)
     formatted = 0
     style_of = {}
-    for batch in iter_completions([row["prompt"] for row in rows], sampling):
+    for batch in iter_completions([row["prompt"] for row in rows], cfg):
         for index, text in batch:
             row = rows[index]
             score = compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])
