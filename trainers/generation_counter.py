@@ -15,8 +15,9 @@ balancer's in-flight count reads 0 while a session is still being tokenized, whi
 * the trainer asks it about the groups TransferQueue lists as running: when none is pending and each running
   one has reported ``rollout.n`` sessions, no request of any submitted batch is left in a server.
 
-Counts only grow and submissions come only from the trainer's own thread, so the check cannot pass early; a
-session that fails never reports, and the trainer falls back to waiting for the terminal status.
+The counts of a batch in flight only grow (the trainer forgets only batches it has trained) and prompts are
+submitted only from the trainer's own thread, so the check cannot pass early. A session that fails, or a report
+that is lost, only delays the sync: the trainer then waits for the terminal status, as without the counter.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class GenerationCounter:
 # --- worker side: called by the wrapped agent-loop post-processing ------------------------------------------------
 
 _HANDLES: dict[str, Any] = {}
+_WARNED: set[str] = set()
 
 
 def counter_name(config: Any) -> Optional[str]:
@@ -70,10 +72,21 @@ def report_generated(config: Any, session: dict) -> None:
     uid = session.get("uid")
     if name is None or uid is None:
         return
-    handle = _HANDLES.get(name)
-    if handle is None:
-        handle = _HANDLES[name] = ray.get_actor(name)
-    handle.add.remote(int(session.get("global_steps", -1)), str(uid))  # fire and forget
+    try:
+        handle = _HANDLES.get(name)
+        if handle is None:
+            handle = _HANDLES[name] = ray.get_actor(name)
+        handle.add.remote(int(session.get("global_steps", -1)), str(uid))  # fire and forget
+    except Exception as error:  # noqa: BLE001 - a lost report only costs the early sync, never the sample
+        if name not in _WARNED:
+            _WARNED.add(name)
+            logger.warning(
+                "verl-pipe: cannot report generated sessions to %s (%s: %s); one_off_pipeline will sync only when "
+                "whole groups have finished",
+                name,
+                type(error).__name__,
+                error,
+            )
 
 
 # --- trainer side ----------------------------------------------------------------------------------------------

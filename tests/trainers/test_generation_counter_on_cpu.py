@@ -8,7 +8,7 @@ Runs against the shared Ray cluster in a subprocess (the test process itself nev
 * the trainer's check is false while a prompt is pending or a running prompt has generated fewer than
   ``rollout.n`` sessions, true once all have, and turns itself off (falls back to terminal statuses) when a
   prompt reports more sessions than ``rollout.n``;
-* counts of trained batches are forgotten.
+* counts of trained batches are forgotten, and a report that cannot reach its counter does not raise.
 
 The end-to-end effect (the sync overlapping the batch's reward tail) is asserted by the pipeline benchmark's
 test, where the modelled reward makes the tail long enough to see.
@@ -86,6 +86,12 @@ for _ in range(3):
 settled(["c"], [3])
 out["over_n"] = watch.all_generated(pending=[], running=["c"])
 out["disabled"] = not watch.enabled
+# A counter that cannot be reached costs the early sync, never the sample: the report must not raise.
+from verl_pipe.trainers.generation_counter import report_generated
+lost = OmegaConf.create({"trainer": {"v1": {"trainer_mode": "one_off_pipeline",
+                                            "one_off_pipeline": {"generation_counter": "no_such_actor"}}}})
+report_generated(lost, {"uid": "d", "global_steps": 1})
+out["lost_report_survived"] = True
 print("RESULT" + json.dumps(out))
 """
 
@@ -105,3 +111,4 @@ def test_sessions_are_counted_and_the_check_is_conservative(ray_cluster):
     assert out["nothing_running"] is True
     assert out["forgotten"] == [0], "counts of trained batches are dropped"
     assert out["over_n"] is False and out["disabled"] is True, "more sessions than rollout.n: counts not trusted"
+    assert out.get("lost_report_survived"), "a report to a missing counter must not fail the session"
