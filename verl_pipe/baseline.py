@@ -10,12 +10,13 @@ commands decode exactly as the CPU rollout does.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from verl_pipe.reports import write_json
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,5 @@ def run_baseline(cfg: BaselineConfig) -> dict:
         "wall_s": time.time() - started,
     }
     if cfg.out:
-        with open(cfg.out, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2)
+        write_json(cfg.out, report)
     return report

@@ -64,13 +64,11 @@ def _bench_reward(args: argparse.Namespace) -> int:
 
 def _print_report(table: str, report: dict, out: str | None) -> int:
     """Print a benchmark's table and, with ``--out``, save its full report as JSON."""
-    import json
+    from verl_pipe.reports import write_json
 
     print(table)
     if out:
-        with open(out, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=2)
-        print(f"wrote {out}")
+        print(f"wrote {write_json(out, report)}")
     return 0
 
 

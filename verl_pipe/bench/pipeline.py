@@ -67,7 +67,8 @@ BASELINES = ("verl_sync_reward_after", "verl_sync", "verl_separate_async")
 # two separate-pool comparisons are a coding-profile question (the long tail), and 8 runs keep the whole
 # benchmark under 15 minutes on 2 cores.
 DEFAULT_SCHEDULES = {"coding": tuple(SCHEDULES), "math": ("verl_sync_reward_after", "verl_sync", "one_off_pipeline")}
-SYNC_BASELINES = ("verl_sync_reward_after", "verl_sync")  # the ones one-off's ideal bound is defined against
+SYNC_BASELINES = ("verl_sync_reward_after", "verl_sync")
+MINIBATCHES = 2  # per step, in every schedule that splits its update (minibatch_ideal assumes the same)  # the ones one-off's ideal bound is defined against
 
 
 @dataclass
@@ -151,10 +152,9 @@ def schedule_overrides(schedule: Schedule, cfg: BenchConfig, model_path: str, ru
         out_dir=run_dir,
     )
     train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"), seed=cfg.seed)
-    minibatches = 2
     overrides = training_overrides(quick, model_path, train_file, val_file, run_dir) + [
         f"trainer.v1.trainer_mode={schedule.trainer_mode}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts // minibatches}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts // MINIBATCHES}",
         "reward.custom_reward_function.path=pkg://verl_pipe.bench.modelled_reward",
         "reward.custom_reward_function.name=compute_score",
         f"+reward.interleaved.concurrency={cfg.reward_workers}",
@@ -174,7 +174,7 @@ def schedule_overrides(schedule: Schedule, cfg: BenchConfig, model_path: str, ru
             "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
         ]
     if schedule.trainer_mode == "separate_async":
-        overrides.append(f"trainer.v1.separate_async.parameter_sync_step={minibatches}")
+        overrides.append(f"trainer.v1.separate_async.parameter_sync_step={MINIBATCHES}")
     return overrides
 
 
@@ -261,7 +261,7 @@ def one_off_ideal(baseline: RunResult) -> float:
     return baseline.step_s / max(gen, train_and_sync)
 
 
-def minibatch_ideal(baseline: RunResult, minibatches: int = 2) -> float:
+def minibatch_ideal(baseline: RunResult, minibatches: int = MINIBATCHES) -> float:
     """minibatch_pipeline's on-policy bound against ``baseline``: every minibatch but the last trains while the
     batch generates; generation, the exposed reward, the last minibatch's update and the sync stay in series.
 

@@ -27,6 +27,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from verl_pipe.reports import write_json
+
 from .convert import parse_suite
 from .near_dup import Fingerprint, NearDuplicateIndex
 from .schema import CodeProblem, DataError
@@ -107,10 +109,7 @@ class CurationReport:
         }
 
     def write(self, path: str) -> str:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(self.to_dict(), handle, indent=2)
-        return path
+        return write_json(path, self.to_dict())
 
     def summary(self) -> str:
         """A fixed-width table: one line per source, one column per reason that occurred."""

@@ -3,12 +3,12 @@ the grader could read, outcome counts, and the Codeforces rating; printed as a t
 
 from __future__ import annotations
 
-import json
-import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from verl_pipe.reports import write_json
 
 from .codeforces import RatingEstimate
 from .pass_at_k import PassAtKRow, by_difficulty, by_source, pass_at_1
@@ -50,10 +50,7 @@ class EvalReport:
         }
 
     def write(self, path: str) -> str:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(self.to_dict(), handle, indent=2)
-        return path
+        return write_json(path, self.to_dict())
 
     def format_table(self) -> str:
         lines = [f"verl-pipe eval: {_describe(self.settings)}"]
