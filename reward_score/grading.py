@@ -28,8 +28,17 @@ from .sandbox import DeadlineExceeded, RunnerDied, SandboxConfig, SandboxError, 
 from .suites import TestCase, TestSuite
 
 PASS, WRONG_ANSWER, RUNTIME_ERROR, TIMEOUT = "pass", "wrong_answer", "runtime_error", "timeout"
-FORMAT_ERROR, SANDBOX_ERROR = "format_error", "sandbox_error"
-OUTCOMES = (PASS, WRONG_ANSWER, RUNTIME_ERROR, TIMEOUT, FORMAT_ERROR, SANDBOX_ERROR)
+COMPILE_ERROR, FORMAT_ERROR, SANDBOX_ERROR = "compile_error", "format_error", "sandbox_error"
+# The reward itself failed on this sample (a bug of ours, or a deadline); scored 0, never dropped from training.
+INTERNAL_ERROR = "internal_error"
+OUTCOMES = (PASS, WRONG_ANSWER, RUNTIME_ERROR, TIMEOUT, COMPILE_ERROR, FORMAT_ERROR, SANDBOX_ERROR, INTERNAL_ERROR)
+
+# Bounded cost per sample: a program longer than this is not compiled anywhere (a compile_error); real
+# solutions are a few KiB, and compiling costs hundreds of bytes of memory per byte of source.
+MAX_PROGRAM_BYTES = 256 << 10
+# stdout that comes back from a stdin test: enough for any output that can still match (LiveCodeBench compares
+# stripped lines; a match is at most a few times longer than the expected text), never the whole 32 MiB cap.
+MIN_OUTPUT_CAP_BYTES = 1 << 20
 
 DEFAULT_TIMEOUT_S = 6.0
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 12.0
@@ -149,22 +158,63 @@ def _verdict(run: TestRun, suite: TestSuite, test: TestCase) -> str:
     return PASS
 
 
+def output_cap(test: TestCase) -> int:
+    """Bytes of stdout worth bringing back for ``test``: more than this cannot match the expected output."""
+    expected = test.expected if isinstance(test.expected, str) else ""
+    return max(MIN_OUTPUT_CAP_BYTES, 4 * len(expected.encode("utf-8", "surrogatepass")) + 4096)
+
+
 def grade(code: str, suite: TestSuite, cfg: GradingConfig | None = None, sandbox: SandboxConfig | None = None
           ) -> GradeResult:  # fmt: skip
-    """Run ``code`` on ``suite`` in one sandbox; stop at the first failing test."""
+    """Run ``code`` on ``suite`` in one sandbox; stop at the first failing test.
+
+    Whose fault is it: everything that happens once the program is in the sandbox (a compile failure of any
+    kind, a crash, a runner killed by what the program did) is the program's outcome. ``sandbox_error`` is
+    left only for a sandbox that failed before it was handed the program, which the program cannot cause:
+    if a fresh sandbox then runs a known-good program (:func:`sandbox_works`), the program gets a second try.
+    """
     cfg = cfg or GradingConfig()
+    if len(code.encode("utf-8", "surrogatepass")) > MAX_PROGRAM_BYTES:
+        return GradeResult(False, COMPILE_ERROR, 0, len(suite.tests), f"program over {MAX_PROGRAM_BYTES} bytes")
+    result = _grade_once(code, suite, cfg, sandbox)
+    if result.outcome == SANDBOX_ERROR and sandbox_works(sandbox):
+        result = _grade_once(code, suite, cfg, sandbox)  # the failure was transient: the program gets its try
+    return result
+
+
+_KNOWN_GOOD = "print(int(input()) + 1)"
+
+
+def sandbox_works(sandbox: SandboxConfig | None) -> bool:
+    """Whether a fresh sandbox of this config runs a known-good program correctly: the proof behind every
+    ``sandbox_error``."""
+    try:
+        with SandboxSession(sandbox, deadline=time.monotonic() + 30.0) as box:
+            if box.load(_KNOWN_GOOD, mode="stdin") is not None:
+                return False
+            run = box.run_test(stdin="41\n", timeout=5.0)
+            return run.completed and run.stdout.strip() == "42"
+    except (SandboxError, RunnerDied, DeadlineExceeded, OSError):
+        return False
+
+
+def _grade_once(code: str, suite: TestSuite, cfg: GradingConfig, sandbox: SandboxConfig | None) -> GradeResult:
     total = len(suite.tests)
     deadline = time.monotonic() + cfg.deadline_for(total)
     tests_run = 0
+    handed_over = False
     try:
         with SandboxSession(sandbox, deadline=deadline) as box:
-            error = box.load(code, mode=suite.mode, prelude=prelude_for(code, suite.prelude), func_name=suite.func_name,
-                             test_code=suite.test_code, entry_point=suite.entry_point, timeout=cfg.timeout_s)  # fmt: skip
+            handed_over = True  # from the load request on, a broken sandbox is the program's doing
+            error = box.load(code, mode=suite.mode, prelude=prelude_for(code, suite.prelude),
+                             func_name=suite.func_name, timeout=cfg.timeout_s)  # fmt: skip
             if error is not None:
-                return GradeResult(False, RUNTIME_ERROR, 0, total, error[:500])
+                return GradeResult(False, COMPILE_ERROR, 0, total, error[:500])
             for test in suite.tests:
                 tests_run += 1
-                run = box.run_test(stdin=test.stdin, args=test.args, timeout=cfg.timeout_s)
+                run = box.run_test(stdin=test.stdin, args=test.args, timeout=cfg.timeout_s,
+                                   output_cap=output_cap(test) if suite.mode == "stdin" else None,
+                                   test_code=suite.test_code, entry_point=suite.entry_point)  # fmt: skip
                 outcome = _verdict(run, suite, test)
                 if outcome != PASS:
                     return GradeResult(False, outcome, tests_run, total, run.stderr[-500:])
@@ -173,5 +223,7 @@ def grade(code: str, suite: TestSuite, cfg: GradingConfig | None = None, sandbox
     except RunnerDied as error:
         return GradeResult(False, RUNTIME_ERROR, tests_run, total, f"program took the sandbox down: {error}")
     except SandboxError as error:
+        if handed_over:
+            return GradeResult(False, RUNTIME_ERROR, tests_run, total, f"program broke the sandbox: {error}"[:500])
         return GradeResult(False, SANDBOX_ERROR, tests_run, total, str(error)[:500])
     return GradeResult(True, PASS, total, total)

@@ -85,6 +85,10 @@ def runner_payload() -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
+# An assert suite's tests run as the candidate's uid plus this: a range of their own above the candidates'.
+TESTS_UID_OFFSET = 1 << 26
+
+
 def sandbox_uid(cfg: SandboxConfig) -> int:
     # Unique among live sandboxes: this process's pid picks a block of 64, a counter a slot in it.
     return cfg.uid_base + (os.getpid() % (1 << 20)) * 64 + next(_uid_slots) % 64
@@ -123,12 +127,15 @@ def bwrap_argv(cfg: SandboxConfig, bwrap: str) -> list[str]:
 
 
 def runner_argv(cfg: SandboxConfig, uid: int, scratch: str | None = None) -> list[str]:
-    """The command: [bwrap ...] python -I -S -c <runner> <uid> <nproc> <isolated|unisolated> <scratch dir>.
+    """The command: [bwrap ...] python -I -S -c <runner> <uid> <nproc> <isolated|unisolated> <scratch dir>
+    <tests uid>.
 
     ``scratch`` is None for the isolated sandbox (its private /tmp); an unisolated runner gets a host folder.
+    The tests uid runs an assert suite's test code, apart from the candidate's uid (used when run as root).
     """
     python = [interpreter(), "-I", "-S", "-c", BOOTSTRAP]
-    tail = [str(uid), str(cfg.max_processes), "unisolated" if scratch else "isolated", scratch or "/tmp"]
+    tail = [str(uid), str(cfg.max_processes), "unisolated" if scratch else "isolated", scratch or "/tmp",
+            str(uid + TESTS_UID_OFFSET)]  # fmt: skip
     if scratch:
         return python + tail
     bwrap = shutil.which("bwrap")

@@ -201,11 +201,12 @@ class SandboxSession:
         mode: str,
         prelude: str = "",
         func_name: str = "",
-        test_code: str = "",
-        entry_point: str = "",
         timeout: float = 6.0,
     ) -> str | None:
-        """Hand the program to the runner; returns None, or the compile error text."""
+        """Hand the program to the runner; returns None, or the compile error text.
+
+        From here on the program is in the sandbox: a runner that dies now died of the program (RunnerDied).
+        """
         if mode not in ("stdin", "functional", "assert"):
             raise ValueError(f"unknown sandbox mode {mode!r}")
         self._send(
@@ -215,25 +216,35 @@ class SandboxSession:
                 "program": program,
                 "prelude": prelude,
                 "func_name": func_name,
-                "test_code": test_code,
-                "entry_point": entry_point,
                 "limits": self.cfg.child_limits(timeout),
             }
         )
-        try:
-            reply = self._receive(time.monotonic() + self.cfg.startup_timeout_s)
-        except RunnerDied as error:
-            raise SandboxError(f"sandbox died while loading the program: {error}") from None
+        reply = self._receive(time.monotonic() + self.cfg.startup_timeout_s)
         if reply[:2] == b"L\x01":
             return None
         if reply[:2] == b"L\x00":
             return reply[2:].decode("utf-8", errors="replace") or "could not load the program"
         raise SandboxError(f"sandbox sent an unexpected reply to load: {reply[:80]!r}")
 
-    def run_test(self, *, stdin: str = "", args: list[Any] | None = None, timeout: float = 6.0) -> TestRun:
-        """Run one test; raises RunnerDied / DeadlineExceeded when the program takes the sandbox down."""
+    def run_test(
+        self,
+        *,
+        stdin: str = "",
+        args: list[Any] | None = None,
+        timeout: float = 6.0,
+        output_cap: int | None = None,
+        test_code: str = "",
+        entry_point: str = "",
+    ) -> TestRun:
+        """Run one test; raises RunnerDied / DeadlineExceeded when the program takes the sandbox down.
+
+        ``output_cap`` bounds the stdout bytes that come back (more is reported truncated). An assert suite's
+        ``test_code`` travels only now, after the candidate's process was forked at load.
+        """
         args_json = json.dumps(args) if args else ""
-        self._send({"op": "test", "stdin": stdin, "args_json": args_json, "timeout": float(timeout)})
+        message = {"op": "test", "stdin": stdin, "args_json": args_json, "timeout": float(timeout),
+                   "output_cap": int(output_cap or 0), "test_code": test_code, "entry_point": entry_point}  # fmt: skip
+        self._send(message)
         return parse_test_reply(self._receive(time.monotonic() + timeout + _REPLY_SLACK_S))
 
 

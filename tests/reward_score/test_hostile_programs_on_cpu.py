@@ -20,10 +20,11 @@ import pytest
 
 from verl_pipe.reward_score import compute_score
 from verl_pipe.reward_score.sandbox import SandboxConfig
+from verl_pipe.reward_score.sandbox.isolation import TESTS_UID_OFFSET
 
 # The uids this test process's sandboxes run as (see isolation.sandbox_uid): a block of 64 keyed by our pid.
 _BLOCK = SandboxConfig().uid_base + (os.getpid() % (1 << 20)) * 64
-SANDBOX_UIDS = range(_BLOCK, _BLOCK + 64)
+SANDBOX_UIDS = {*range(_BLOCK, _BLOCK + 64), *range(_BLOCK + TESTS_UID_OFFSET, _BLOCK + TESTS_UID_OFFSET + 64)}
 
 
 def fenced(code: str) -> str:

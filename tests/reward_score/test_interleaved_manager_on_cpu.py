@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +14,11 @@ from omegaconf import OmegaConf
 
 from verl_pipe.rewards.hooks import legacy_batch_reward_metrics
 from verl_pipe.rewards.metrics import TIMING_KEYS, hidden_fraction, reward_step_metrics
+
+# Scoring processes import their score function by module name; pytest imports this file by path. The helper
+# module's folder is put on sys.path at collection, before any test starts the forkserver (which copies it).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scoring_helpers import die_or_echo  # noqa: E402
 
 
 def test_hidden_fraction_counts_only_scoring_before_generation_ended():
@@ -94,3 +101,128 @@ def test_run_single_scores_a_real_program_with_our_reward_and_kwargs():
     assert out["reward_score"] == -0.25 and info["outcome"] == "format_error"  # our scorer, with reward_kwargs
     assert all(key in info for key in TIMING_KEYS)
     assert info["reward_start_ts"] >= info["reward_enqueue_ts"] and info["reward_end_ts"] >= info["reward_start_ts"]
+
+
+def _one_sample():
+    from verl import DataProto
+
+    ids = torch.tensor([list(b"x")])
+    return DataProto.from_dict(
+        tensors={"responses": ids, "attention_mask": torch.ones_like(ids)},
+        non_tensors={
+            "data_source": np.array(["livecodebench"], dtype=object),
+            "reward_model": np.array([{"ground_truth": "[]"}], dtype=object),
+            "extra_info": np.array([{}], dtype=object),
+        },
+    )
+
+
+def _run_with(score_fn, **interleaved):
+    from verl_pipe.rewards.interleaved import InterleavedRewardManager
+
+    async def score():
+        manager = InterleavedRewardManager(_config(**interleaved), _Tokenizer(), score_fn)
+        return await manager.run_single(_one_sample())
+
+    return asyncio.run(score())
+
+
+def test_a_raising_score_is_retried_once_then_the_sample_alone_gets_internal_error():
+    """Guards against one sample's crashing score failing the whole reward step (the manager must return)."""
+    calls = []
+
+    def flaky(**kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RecursionError("crafted output")
+        return {"score": 1.0, "outcome": "pass"}
+
+    out = _run_with(flaky)
+    assert out["reward_score"] == 1.0 and len(calls) == 2  # the retry scored it
+
+    def always(**kwargs):
+        raise MemoryError("crafted program")
+
+    out = _run_with(always)
+    assert out["reward_score"] == 0.0 and out["reward_extra_info"]["outcome"] == "internal_error"
+    assert out["reward_extra_info"]["sandbox_error"] is False  # never dropped from training as an env failure
+
+
+def test_a_stuck_score_is_given_up_at_the_sample_deadline():
+    """Guards against a score that never returns holding the reward step forever."""
+    import threading
+
+    release = threading.Event()
+
+    def stuck(**kwargs):
+        release.wait(30)
+        return {"score": 1.0}
+
+    try:
+        out = _run_with(stuck, sample_deadline_s=0.5)
+    finally:
+        release.set()
+    assert out["reward_extra_info"]["outcome"] == "internal_error" and out["reward_extra_info"]["reward_time_s"] < 5
+
+
+def test_a_scoring_process_that_dies_costs_only_its_own_sample():
+    """Guards against a scoring process killed mid-sample failing the step or poisoning the other samples."""
+    from verl_pipe.rewards.scoring_processes import ScoringProcessDied, ScoringProcesses
+
+    async def scenario():
+        processes = ScoringProcesses(die_or_echo, slots=2)
+        try:
+            honest, dead = await asyncio.gather(
+                processes.score({"solution_str": "ok"}), processes.score({"solution_str": "die"}),
+                return_exceptions=True,
+            )  # fmt: skip
+            after = await asyncio.gather(*(processes.score({"solution_str": "ok"}) for _ in range(4)))
+        finally:
+            processes.close()
+        return honest, dead, after
+
+    honest, dead, after = asyncio.run(scenario())
+    assert honest["score"] == 1.0 and isinstance(dead, ScoringProcessDied)
+    assert all(result["score"] == 1.0 for result in after)  # the dead slot was replaced
+    assert honest["pid"] != os.getpid()  # scored outside this process
+
+
+def test_the_manager_gives_a_sample_whose_process_dies_twice_internal_error():
+    """Guards against the manager letting a dead scoring process fail run_single (and so the reward step)."""
+    from verl_pipe.rewards.interleaved import InterleavedRewardManager
+    from verl_pipe.rewards.scoring_processes import ScoringProcesses
+
+    async def scenario():
+        manager = InterleavedRewardManager(_config(concurrency=1), _Tokenizer(), default_score())
+        assert manager.processes is not None  # our own score runs in scoring processes by default
+        manager.processes.close()
+        manager.processes = ScoringProcesses(die_or_echo, slots=1)
+        manager.compute_score = die_or_echo
+        dead = await manager.run_single(_one_sample_with("die"))
+        alive = await manager.run_single(_one_sample_with("ok"))
+        manager.processes.close()
+        return dead, alive
+
+    dead, alive = asyncio.run(scenario())
+    assert dead["reward_extra_info"]["outcome"] == "internal_error" and dead["reward_score"] == 0.0
+    assert alive["reward_score"] == 1.0
+
+
+def default_score():
+    from verl.utils.reward_score import default_compute_score
+
+    return default_compute_score
+
+
+def _one_sample_with(response: str):
+    from verl import DataProto
+
+    ids = torch.tensor([list(response.encode())])
+    return DataProto.from_dict(
+        tensors={"responses": ids, "attention_mask": torch.ones_like(ids)},
+        non_tensors={
+            "data_source": np.array(["livecodebench"], dtype=object),
+            "reward_model": np.array([{"ground_truth": "[]"}], dtype=object),
+            "extra_info": np.array([{}], dtype=object),
+        },
+    )

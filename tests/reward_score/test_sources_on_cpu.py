@@ -153,10 +153,10 @@ def test_lcb_stdin_program_styles(code):
     assert result["outcome"] == "pass" and result["tests_run"] == 2
 
 
-def test_lcb_stdin_syntax_error_is_runtime_error_before_any_test():
+def test_lcb_stdin_syntax_error_is_compile_error_before_any_test():
     """Guards against a program that does not compile being charged test runs or a non-error outcome."""
     result = run("livecodebench", "print(1 +", SUM_PROD)
-    assert result["outcome"] == "runtime_error" and result["tests_run"] == 0
+    assert result["outcome"] == "compile_error" and result["tests_run"] == 0
 
 
 def test_lcb_stdin_infinite_loop_times_out():
