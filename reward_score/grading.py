@@ -18,9 +18,10 @@ enforced on wall-clock time per test with a kill of the whole process tree.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from .prelude import prelude_for
@@ -74,25 +75,65 @@ class GradeResult:
     detail: str = ""
 
 
+# stdout_matches bounds its work before any numeric parsing, so a hostile output costs time linear in its size:
+# a line longer than this is compared as text only. A correct program prints the expected text; the numeric
+# leniency ("0.50" == "0.5") is for normal lines. 1 MiB: the stdout the host brings back (output_cap) is no
+# bigger unless the expected output itself is over 256 KiB.
+MAX_NUMERIC_LINE_CHARS = 1 << 20
+# A token longer than this is not parsed: if it is written as a number, it equals only the same text. Python
+# refuses to print an int of over 4300 digits unless the program lifts that limit, so real answers fit.
+MAX_NUMERIC_TOKEN_CHARS = 5_000
+# A returned value nested deeper than this decodes to a value equal to nothing; the runner refuses to encode
+# one deeper than 200 levels, and equal values are nested equally deep.
+MAX_VALUE_DEPTH = 256
+
+# Decimal's syntax for finite numbers, for tokens too long to parse. Unambiguous, so it cannot backtrack
+# more than linearly; it leaves out Decimal's underscores (no real output has a 5000-character grouped number).
+_LONG_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
 def _stripped_lines(text: str) -> list[str]:
     return [line.strip() for line in text.strip().split("\n")]
 
 
-def _decimals(line: str) -> list[Decimal] | None:
-    try:
-        return [Decimal(token) for token in line.split()]
-    except InvalidOperation:
+def _decimals(line: str) -> list[Decimal | str] | None:
+    """The line's tokens as numbers, or ``None`` where they cannot be compared as numbers: a token that is not
+    a number, a NaN (quiet ones equal nothing, so the line could never match; signalling ones raise on
+    comparison), or a line over :data:`MAX_NUMERIC_LINE_CHARS`. A token over :data:`MAX_NUMERIC_TOKEN_CHARS`
+    written as a finite number is kept as text, equal only to the same text."""
+    if len(line) > MAX_NUMERIC_LINE_CHARS:
         return None
+    values: list[Decimal | str] = []
+    for token in line.split():
+        if len(token) > MAX_NUMERIC_TOKEN_CHARS:
+            if _LONG_NUMBER.fullmatch(token) is None:
+                return None
+            values.append(token)  # a str never equals a Decimal
+            continue
+        try:
+            value = Decimal(token)
+        except (ArithmeticError, ValueError):  # InvalidOperation is an ArithmeticError
+            return None
+        if value.is_nan():  # also what a context without the InvalidOperation trap returns for "abc"
+            return None
+        values.append(value)
+    return values
 
 
 def stdout_matches(got: str, want: str) -> bool:
     """LiveCodeBench's stdin rule: strip, split lines, strip each; same count; each line equal as text or as a
     list of decimals (``0.50`` == ``0.5``, no tolerance).
 
+    Total and linear-time on any strings: a line that cannot be compared as numbers (a NaN of either kind, a
+    line over :data:`MAX_NUMERIC_LINE_CHARS`) matches only the same text, never raises; a token over
+    :data:`MAX_NUMERIC_TOKEN_CHARS` is compared as text.
+
     >>> stdout_matches("1.0 2\\r\\n", "1.00 2")
     True
     >>> stdout_matches("1", "2")
     False
+    >>> stdout_matches("sNaN", "-sNaN"), stdout_matches("sNaN", "sNaN")
+    (False, True)
     """
     got_lines, want_lines = _stripped_lines(got), _stripped_lines(want)
     if len(got_lines) != len(want_lines):
@@ -107,7 +148,7 @@ def stdout_matches(got: str, want: str) -> bool:
 
 
 class _Opaque:
-    """A returned value with no JSON counterpart (a set, an object): equal to nothing."""
+    """A returned value with no JSON counterpart (a set, an object, one nested too deeply): equal to nothing."""
 
     def __init__(self, text: str):
         self.text = text
@@ -118,30 +159,45 @@ class _Opaque:
     __hash__ = None
 
 
-def decode_value(encoded: Any) -> Any:
-    """Inverse of the runner's ``encode_value``."""
+def decode_value(encoded: Any, _depth: int = 0) -> Any:
+    """Inverse of the runner's ``encode_value``.
+
+    Depth-bounded: whatever sits deeper than :data:`MAX_VALUE_DEPTH` levels decodes to an :class:`_Opaque`,
+    so a hostile value costs at most that many stack frames here and never equals an expected value. A
+    malformed encoding raises ``TypeError`` or ``ValueError``.
+    """
+    if _depth > MAX_VALUE_DEPTH:
+        return _Opaque("nested too deeply")
     if isinstance(encoded, list):
-        return [decode_value(item) for item in encoded]
+        return [decode_value(item, _depth + 1) for item in encoded]
     if isinstance(encoded, dict):
         if "__tuple__" in encoded:
-            return tuple(decode_value(item) for item in encoded["__tuple__"])
+            return tuple(decode_value(item, _depth + 1) for item in encoded["__tuple__"])
         if "__dict__" in encoded:
-            return {key: decode_value(item) for key, item in encoded["__dict__"]}
-        return _Opaque(str(encoded.get("__other__", "")))
+            return {key: decode_value(item, _depth + 1) for key, item in encoded["__dict__"]}
+        other = encoded.get("__other__", "")
+        # Only a description: str() of an arbitrary (deep, huge) JSON value could itself raise or cost.
+        return _Opaque(other if isinstance(other, str) else type(other).__name__)
     return encoded
 
 
 def return_value_matches(result_json: str | None, test: TestCase) -> bool:
+    """Whether the runner's encoded return value equals the expected one. Total: a result that cannot be
+    decoded or compared (malformed, nested deeper than the JSON parser or :data:`MAX_VALUE_DEPTH` allows) is
+    simply not equal."""
     if result_json is None:
         return False
     try:
         got = decode_value(json.loads(result_json))
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: json.loads of "[[[[..."
         return False
-    if got == test.expected:
-        return True
     expected = test.expected
-    return bool(test.accept_unwrapped and isinstance(expected, list) and expected and got == expected[0])
+    try:
+        if got == expected:
+            return True
+        return bool(test.accept_unwrapped and isinstance(expected, list) and expected and got == expected[0])
+    except RecursionError:  # == on nested lists recurses in C; both sides are depth-bounded, this is a backstop
+        return False
 
 
 def _verdict(run: TestRun, suite: TestSuite, test: TestCase) -> str:

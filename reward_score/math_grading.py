@@ -2,7 +2,9 @@
 
 The answer is the last ``\\boxed{...}`` (or ``\\fbox{...}``) after the last ``</think>``; it is correct iff it
 matches any acceptable ground truth under mathd-style string normalisation, or, failing that, under sympy
-(verl's ``prime_math.grade_answer``), run in a forked child with a hard deadline.
+with the decisions of verl's ``prime_math.grade_answer`` (:mod:`.math_symbolic`, which parses only
+expressions its gate proves inert, where verl's ``eval``-s whatever the answer says), run in a forked,
+resource-limited and unprivileged child with a hard deadline.
 
 Behaviour choices worth knowing:
 
@@ -13,27 +15,36 @@ Behaviour choices worth knowing:
   format error.
 * A ground-truth *string* is read as a JSON list only when it decodes to a list of JSON strings
   (``'["1/2", "0.5"]'``); ``"[1, 2]"`` stays the closed interval it most likely is.
+* A boxed answer longer than :data:`MAX_ANSWER_CHARS` (1000) characters is a wrong answer, decided without
+  any normalisation.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
+import gc
 import json
+import logging
+import math
 import numbers
 import os
 import re
+import resource
 import select
 import signal
+import threading
 import time
 from decimal import Decimal
 from typing import Any
 
 from verl.utils.reward_score.math_reward import last_boxed_only_string
-from verl.utils.reward_score.prime_math import grade_answer
 from verl.utils.reward_score.prime_math.math_normalize import normalize_answer
 
-__all__ = ["MATH_DATA_SOURCES", "SYMPY_TIMEOUT_S", "is_math_source", "score_math"]
+from .math_symbolic import MAX_ANSWER_CHARS, grade_answer, warm_up
+
+__all__ = ["MATH_DATA_SOURCES", "MAX_ANSWER_CHARS", "SYMPY_TIMEOUT_S", "is_math_source", "score_math"]
+
+logger = logging.getLogger(__name__)
 
 # Data sources graded here (compared case-insensitively): rllm/DeepScaleR's names plus verl's MATH names.
 # Any name starting with "aime" or "amc" (aime2024, aime25, amc23, ...) is math too. math_dapo is *not*
@@ -57,6 +68,15 @@ _MATH_NAMES = frozenset(name.lower() for name in MATH_DATA_SOURCES)
 # Hard bound on the sympy stage for one response (all ground truths together); a timeout counts as "not equal".
 SYMPY_TIMEOUT_S = 3.0
 ANSWER_CHARS = 200
+
+# The sympy child: address space it may add to what it inherits, the user it drops to when started as root
+# (nobody/nogroup), and its verdict bytes.
+CHILD_MEMORY_HEADROOM_BYTES = 1 << 30
+CHILD_UID = CHILD_GID = 65534
+_EQUAL, _NOT_EQUAL, _SETUP_FAILED = b"1", b"0", b"S"
+_warm_lock = threading.Lock()
+_warmed_up = False
+_setup_failure_reported = False
 
 _BOX_CMD = re.compile(r"\\(boxed|fbox)(?![A-Za-z])(\s*)")
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
@@ -128,25 +148,93 @@ def _cheap_equal(answer: str, truth: str) -> bool | None:
     return None
 
 
+def _limit(which: int, value: int) -> None:
+    """Lower both the soft and the hard limit to ``value`` (or to the hard limit already there, if lower)."""
+    _soft, hard = resource.getrlimit(which)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def _confine_child(keep_fd: int, cpu_seconds: int) -> None:
+    """Shut the forked sympy child in before it looks at the answer; raises if any step fails.
+
+    Simple calls in the freshly forked (single-threaded) child, in this order: no stdin and no inherited
+    descriptors but ``keep_fd`` (the verdict pipe) and /dev/null on 0-2; at most
+    ``CHILD_MEMORY_HEADROOM_BYTES`` more address space than it inherited, ``cpu_seconds`` of CPU, no core
+    files and no file growth; as root, a switch to ``CHILD_UID``/``CHILD_GID`` with no supplementary
+    groups (and a check that it cannot switch back); then no new processes or threads.
+    """
+    gc.freeze()  # objects inherited from the parent (open files among them) are never collected here
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    if devnull > 2:
+        os.close(devnull)
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, max(os.sysconf("SC_OPEN_MAX"), keep_fd + 1))  # close_range(2) where it exists
+
+    with open("/proc/self/statm", "rb") as statm:  # first field: address space in pages
+        address_space = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    _limit(resource.RLIMIT_AS, address_space + CHILD_MEMORY_HEADROOM_BYTES)
+    _limit(resource.RLIMIT_CPU, cpu_seconds)
+    _limit(resource.RLIMIT_CORE, 0)
+    _limit(resource.RLIMIT_FSIZE, 0)
+
+    if os.getuid() == 0 or os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(CHILD_GID, CHILD_GID, CHILD_GID)
+        os.setresuid(CHILD_UID, CHILD_UID, CHILD_UID)
+        if os.getresuid() != (CHILD_UID,) * 3 or os.getresgid() != (CHILD_GID,) * 3 or os.getgroups():
+            raise PermissionError("the sympy child did not become the unprivileged user")
+        try:
+            os.setuid(0)
+        except PermissionError:
+            pass
+        else:
+            raise PermissionError("the sympy child could switch back to root")
+    _limit(resource.RLIMIT_NPROC, 0)  # after the switch: the count is per (real) user
+
+
+def _warm_up_once() -> None:
+    """Let sympy/pylatexenc finish their lazy imports here, where the packages are surely readable."""
+    global _warmed_up
+    with _warm_lock:
+        if not _warmed_up:
+            _warmed_up = True
+            try:
+                warm_up()
+            except Exception:  # noqa: BLE001 - only an optimisation; the children still work without it
+                logger.warning("math reward: the sympy warm-up failed", exc_info=True)
+
+
 def _sympy_equal_any(answer: str, truths: list[str], timeout: float) -> bool:
-    """``grade_answer`` against each truth in a forked child, killed (with its process group) at the deadline.
+    """:func:`.math_symbolic.grade_answer` against each truth in a forked, confined child, killed (with its
+    process group) at the deadline.
 
     A child process rather than a signal or thread: sympy can sit in C code (e.g. ``(10^9)!``) that neither
-    interrupts. Its own group because grade_answer forks again (verl's 10 s timeout) and killing only the
-    child would orphan a grandchild that keeps burning CPU.
+    interrupts. Its own group so that nothing it might start outlives it. Before grading, the child confines
+    itself (:func:`_confine_child`); if that fails, the answer counts as not equal (and a warning is logged
+    once), never as graded by an unconfined child.
     """
+    global _setup_failure_reported
+    _warm_up_once()
+    cpu_seconds = math.ceil(timeout) + 2  # a backstop should the parent never kill it; the deadline comes first
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: must never return into the caller's stack
+        verdict = _SETUP_FAILED
         try:
             os.close(read_fd)
             os.setpgid(0, 0)
-            with contextlib.redirect_stdout(io.StringIO()):  # grade_answer prints on its own errors/timeouts
-                ok = any(grade_answer(answer, truth) for truth in truths)
+            _confine_child(write_fd, cpu_seconds)
+            verdict = _NOT_EQUAL
+            if any(grade_answer(answer, truth) for truth in truths):
+                verdict = _EQUAL
         except BaseException:
-            ok = False
+            pass
         try:
-            os.write(write_fd, b"1" if ok else b"0")
+            os.write(write_fd, verdict)
         finally:
             os._exit(0)
     os.close(write_fd)
@@ -154,12 +242,20 @@ def _sympy_equal_any(answer: str, truths: list[str], timeout: float) -> bool:
         os.setpgid(pid, pid)  # also from the parent, so the group exists before any killpg below
     try:
         ready, _, _ = select.select([read_fd], [], [], timeout)
-        return bool(ready) and os.read(read_fd, 1) == b"1"
+        verdict = os.read(read_fd, 1) if ready else b""
     finally:
         os.close(read_fd)
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)  # before waitpid, while the group id cannot have been reused
         os.waitpid(pid, 0)
+    if verdict == _SETUP_FAILED and not _setup_failure_reported:
+        _setup_failure_reported = True
+        logger.warning(
+            "math reward: the sympy child could not confine itself (limits, or switching to uid %d); "
+            "symbolic comparisons count as not equal",
+            CHILD_UID,
+        )
+    return verdict == _EQUAL
 
 
 def score_math(solution_str: str, ground_truth: Any, *, format_penalty: float = 0.0) -> dict[str, Any]:
@@ -183,6 +279,8 @@ def score_math(solution_str: str, ground_truth: Any, *, format_penalty: float = 
 
     if not answer:
         score, passed, outcome = float(format_penalty), False, "format_error"
+    elif len(answer) > MAX_ANSWER_CHARS:
+        score, passed, outcome = 0.0, False, "wrong_answer"  # not normalised: hostile input stays cheap
     else:
         verdicts = [_cheap_equal(answer, truth) for truth in truths]
         undecided = [truth for truth, verdict in zip(truths, verdicts) if verdict is None]

@@ -133,6 +133,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
     problem = probe_bwrap()
     print(f"bubblewrap: {shutil.which('bwrap') or 'missing'} ({'sandbox works' if problem is None else problem})")
+    from verl_pipe.reward_score.sandbox.cgroups import describe_isolation
+
+    print(f"sandbox resources: {describe_isolation()}")
     return 0
 
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
 # Set to 1 to accept running programs without namespace isolation when bubblewrap cannot work (logged loudly).
 ALLOW_UNISOLATED_ENV = "VERL_PIPE_SANDBOX_ALLOW_UNISOLATED"
+# Set to 0 to run sandboxes without a cgroup of their own (rlimits only; see sandbox.cgroups).
+CGROUPS_ENV = "VERL_PIPE_SANDBOX_CGROUPS"
+# What one sandbox's cgroup may hold on top of one test process's address space and the full tmpfs: the runner,
+# bubblewrap, page cache and kernel memory (inodes, dentries, page tables).
+CGROUP_MEMORY_SLACK_MB = 256
 
 
 def _env_flag(name: str) -> bool:
@@ -32,6 +38,12 @@ class SandboxConfig:
     # As root the sandbox drops to a uid of its own (RLIMIT_NPROC is not enforced for uid 0); uids are drawn
     # from [uid_base, uid_base + 2**26) so concurrent sandboxes never share one.
     uid_base: int = 200_000
+    # One cgroup per sandbox where the host allows it (see sandbox.cgroups): an equal CPU share, this cap in
+    # cores (None: no cap), a memory limit over everything the sandbox holds (kernel memory, tmpfs and memfd
+    # pages included; None: memory_mb + tmpfs_mb + CGROUP_MEMORY_SLACK_MB) and a task limit.
+    use_cgroups: bool = True
+    cgroup_memory_mb: int | None = None
+    cpu_cap_cores: float | None = 1.0
 
     def __post_init__(self) -> None:
         for key in ("memory_mb", "output_mb", "result_mb", "max_processes", "open_files", "tmpfs_mb"):
@@ -43,6 +55,29 @@ class SandboxConfig:
             )
         if self.startup_timeout_s <= 0:
             raise ValueError(f"sandbox.startup_timeout_s must be positive, got {self.startup_timeout_s}")
+        if not isinstance(self.use_cgroups, bool):
+            raise ValueError(f"sandbox.use_cgroups must be true or false, got {self.use_cgroups!r}")
+        memory = self.cgroup_memory_mb
+        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < 64):
+            raise ValueError(f"sandbox.cgroup_memory_mb must be an integer >= 64 (MiB) or null, got {memory!r}")
+        cap = self.cpu_cap_cores
+        if cap is not None and (
+            isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap < 0.01
+        ):
+            raise ValueError(f"sandbox.cpu_cap_cores must be at least 0.01 (cores) or null for no cap, got {cap!r}")
+
+    @property
+    def cgroup_memory_bytes(self) -> int:
+        """The sandbox cgroup's memory limit (everything its processes hold, kernel memory included)."""
+        if self.cgroup_memory_mb is not None:
+            return self.cgroup_memory_mb << 20
+        return (self.memory_mb + self.tmpfs_mb + CGROUP_MEMORY_SLACK_MB) << 20
+
+    @property
+    def cgroup_pids_max(self) -> int:
+        """Tasks (threads included) in one sandbox's cgroup: the candidate's RLIMIT_NPROC plus room for
+        bubblewrap, the runner and an assert suite's tests process, whatever uid each runs as."""
+        return self.max_processes + 16
 
     @classmethod
     def from_env(cls, **overrides) -> SandboxConfig:

@@ -453,7 +453,10 @@ class CandidateLink:
         message = dict(fields, op=op)
         if ref is not None:
             message["ref"] = ref
-        write_frame(self.requests_fd, self.json.dumps(message).encode("utf-8", "surrogatepass"))
+        try:
+            write_frame(self.requests_fd, self.json.dumps(message).encode("utf-8", "surrogatepass"))
+        except OSError:
+            raise CandidateError("the candidate's process died") from None
         try:
             reply = self.json.loads(read_frame(self.replies_fd, self.reply_limit))
         except (ValueError, RecursionError) as error:

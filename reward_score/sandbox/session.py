@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .cgroups import SandboxCgroup
 from .config import SandboxConfig
 from .isolation import (
     SANDBOX_ENV,
@@ -82,6 +83,13 @@ class SandboxSession:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def _start(self) -> None:
+        # A cgroup of its own where the host allows it (CPU share and cap, memory incl. kernel memory, pids);
+        # the shell wrapper moves the sandbox in before bubblewrap starts. None: rlimits only.
+        self._cgroup = None
+        try:
+            self._cgroup = SandboxCgroup.create(self.cfg)
+        except OSError as error:
+            raise SandboxError(f"could not create the sandbox's cgroup: {error}") from error
         if not self.isolated:
             # No private tmpfs: a fresh host folder, handed to the uid the runner drops to.
             self._scratch = tempfile.mkdtemp(prefix="vp-sbx-")
@@ -90,8 +98,9 @@ class SandboxSession:
             else:
                 self.uid = 0  # the dropped uid could not even load the standard library; stay as we are
         try:
+            argv = runner_argv(self.cfg, self.uid, self._scratch)
             self._proc = subprocess.Popen(
-                runner_argv(self.cfg, self.uid, self._scratch),
+                self._cgroup.wrap(argv) if self._cgroup is not None else argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -101,6 +110,7 @@ class SandboxSession:
                 close_fds=True,
             )
         except OSError as error:
+            self.close()
             raise SandboxError(f"could not start the sandbox: {error}") from error
         try:
             self._proc.stdin.write(runner_payload())
@@ -110,8 +120,11 @@ class SandboxSession:
         try:
             hello = self._receive(time.monotonic() + self.cfg.startup_timeout_s)
         except (RunnerDied, DeadlineExceeded) as error:
-            raise SandboxError(f"sandbox did not start: {error}; stderr: {self._stderr_tail()}") from None
+            message = f"sandbox did not start: {error}; stderr: {self._stderr_tail()}"
+            self.close()
+            raise SandboxError(message) from None
         if hello[:1] != b"R":
+            self.close()
             raise SandboxError(f"sandbox sent an unexpected greeting: {hello[:80]!r}")
 
     def close(self) -> None:
@@ -122,7 +135,10 @@ class SandboxSession:
             shutil.rmtree(scratch, ignore_errors=True)
             return
         proc = self._proc
+        group, self._cgroup = getattr(self, "_cgroup", None), None
         if proc is None:
+            if group is not None:
+                group.destroy()
             return
         self._proc = None
         if proc.poll() is None:
@@ -130,7 +146,11 @@ class SandboxSession:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        if group is not None:
+            group.kill()  # lifts the CPU cap first: a tree thrashing at its memory limit must not starve its own exit
         proc.wait()
+        if group is not None:
+            group.destroy()  # whatever left the process group (setsid daemons) is still in the cgroup
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 try:

