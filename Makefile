@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.verl-pipe-installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: install demo test doctor bench bench-reward clean-runs
+.PHONY: install demo dry-run test doctor bench bench-reward clean-runs
 
 install: $(STAMP)
 
@@ -27,8 +27,21 @@ $(STAMP): setup.py Makefile
 	$(BIN)/python -m verl_pipe.models smollm2
 	@touch $(STAMP)
 
+# ARGS go to `verl-pipe quickstart` as typed: flags and hydra overrides, e.g.
+#   make demo ARGS="--mode=one_off_pipeline --model tiny --steps 2"   (--mode: sync, the default, separate_async,
+#   one_off_pipeline or minibatch_pipeline; it sets the mode's pools and weight sync on the CPU backend)
 demo: install
 	$(BIN)/verl-pipe quickstart $(ARGS)
+
+# A recipe's DRY_RUN with this project's virtualenv: compose and validate its config against verl's schema and
+# print it, no GPU: make dry-run RECIPE=deepcoder_14b [DRY_RUN=json] [ARGS="hydra overrides"] (STAGE=2 ... as for
+# the script itself).
+RECIPE ?=
+dry-run: install
+	@test -n "$(RECIPE)" && test -f "recipes/$(RECIPE).sh" || { \
+	  echo "make dry-run RECIPE=<name>: name one of: $$(cd recipes && ls *.sh | grep -v '^common' | sed 's/\.sh$$//' | tr '\n' ' ')" >&2; \
+	  exit 2; }
+	DRY_RUN=$(or $(DRY_RUN),1) PYTHON=$(abspath $(BIN)/python) bash recipes/$(RECIPE).sh $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)

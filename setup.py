@@ -21,7 +21,7 @@ setup(
         "verl_pipe.models",
         "verl_pipe.algorithms",
         "verl_pipe.bench",
-        "verl_pipe.rewards",
+        "verl_pipe.reward_manager",
         "verl_pipe.config",
         "verl_pipe.data",
         "verl_pipe.evaluation",

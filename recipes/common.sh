@@ -1,6 +1,32 @@
-# Shared by the GPU recipes (sourced, not run): input checks, the GPU layout per trainer mode, stage checkpoints,
-# and the launch. Each recipe sets its defaults first, builds its override arrays, then calls recipe_launch.
+# Shared by the GPU recipes (sourced, not run): the Python to run, input checks, the GPU layout per trainer mode,
+# stage checkpoints, and the launch (quickstart_cpu.sh sources it for the Python only). Each recipe sets its defaults first, builds its override arrays, then calls recipe_launch.
 # shellcheck shell=bash
+
+# The project folder (this file is in its recipes/).
+RECIPE_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# The Python the recipes run: $PYTHON when set; else the activated virtualenv's (python3 on PATH); else the
+# project's own .venv that `make install` builds, so a recipe works straight after it without activating it;
+# else python3 on PATH.
+recipe_python() {
+    if [[ -n "${PYTHON:-}" ]]; then
+        echo "$PYTHON"
+    elif [[ -z "${VIRTUAL_ENV:-}" && -x "$RECIPE_REPO/.venv/bin/python" ]]; then
+        echo "$RECIPE_REPO/.venv/bin/python"
+    else
+        echo python3
+    fi
+}
+
+recipe_require_python() {  # PYTHON: it must see verl, hydra and verl-pipe, or stop naming the fix
+    command -v "$1" >/dev/null || recipe_die "$1 is not a Python found on this machine: set PYTHON=/path/to/python"
+    local missing
+    missing=$("$1" -c 'import importlib.util as u
+print(", ".join(name for name in ("verl", "hydra", "verl_pipe") if u.find_spec(name) is None))') ||
+        recipe_die "$1 does not run: set PYTHON to the Python that has verl and verl-pipe"
+    [[ -z "$missing" ]] || recipe_die "$1 cannot import $missing: run \`make install\` (the recipes then use" \
+        "$RECIPE_REPO/.venv by themselves), activate the environment that has them, or set PYTHON=/path/to/python"
+}
 
 recipe_die() {
     echo "${RECIPE:-recipe}: $*" >&2
@@ -80,11 +106,13 @@ recipe_stage_model() {  # VAR_NAME VALUE
 # Runs verl's stock entrypoint with OVERRIDES plus the script's arguments, or with DRY_RUN=1 composes and
 # validates the same list (DRY_RUN=json: as JSON) without a GPU or Ray.
 recipe_launch() {
-    local python=${PYTHON:-python3}
+    local python
+    python=$(recipe_python)
+    recipe_require_python "$python"
     if [[ "${DRY_RUN:-0}" != 0 ]]; then
         local json=()
         [[ "$DRY_RUN" == json ]] && json=(--json)
-        exec "$python" -m verl_pipe.recipes dry-run "${json[@]}" --recipe "$RECIPE" --stage "$STAGE" \
+        exec "$python" -m verl_pipe.recipe_check dry-run "${json[@]}" --recipe "$RECIPE" --stage "$STAGE" \
             --stages "$STAGE_LENGTHS" --cluster-gpus "$((NNODES * GPUS_PER_NODE))" -- "${OVERRIDES[@]}" "$@"
     fi
     # Every code sample is its own sandboxed process tree, and vLLM opens many sockets.

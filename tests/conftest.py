@@ -12,6 +12,22 @@ import os
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PATCH_COVERAGE_TEST = "test_every_patch_applies_and_runs_in_the_end_to_end_runs"
+
+
+def pytest_configure(config):
+    """Every verl process of the session's runs records the patches it applied and called (the Ray cluster and
+    each job inherit this environment); tests/e2e/test_patch_coverage_on_cpu.py reads the ledger at the end."""
+    if not os.environ.get("VERL_PIPE_PATCH_LEDGER"):
+        import tempfile
+
+        os.environ["VERL_PIPE_PATCH_LEDGER"] = tempfile.mkdtemp(prefix="verl_pipe_patch_ledger_")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The patch-coverage test reads what every other run recorded, so it runs last."""
+    last = [item for item in items if item.name == PATCH_COVERAGE_TEST]
+    items[:] = [item for item in items if item.name != PATCH_COVERAGE_TEST] + last
 
 
 @pytest.fixture(scope="session")

@@ -49,3 +49,95 @@ def test_wheel_installs_only_the_verl_pipe_namespace(tmp_path):
 def test_this_suite_is_not_shadowed_by_site_packages_tests():
     """TransferQueue's wheel installs a top-level `tests` package; pytest must collect ours (importlib mode)."""
     assert os.path.dirname(os.path.abspath(__file__)) == os.path.join(REPO, "tests")
+
+
+# --- layers: no module imports one of a higher layer ------------------------------------------------------------
+
+# Lowest first. A module may import its own layer and the layers below it. The table is what the code does: a
+# new module goes where its imports put it, and an import that points up is a design change to discuss, not to
+# slip in (the hf rollout server once imported the benchmark's latency model: it now has a timing slot instead).
+LAYERS = (
+    # foundation: version checks, patch machinery, run-on-import hooks, the JSON report writer, hydra presets
+    ("foundation", ("verl_pipe", "verl_pipe.compat", "verl_pipe.import_hooks", "verl_pipe.patching",
+                    "verl_pipe.patch_registry", "verl_pipe.step_metrics", "verl_pipe.reports", "verl_pipe.config")),
+    # self-contained parts: the reward itself, the CPU backend, local models, GRPO+
+    ("components", ("verl_pipe.reward_score", "verl_pipe.backends", "verl_pipe.models", "verl_pipe.algorithms")),
+    # built on the reward: the reward manager inside verl's reward loop, dataset tooling, run summaries
+    ("reward plumbing and data", ("verl_pipe.reward_manager", "verl_pipe.data", "verl_pipe.run_metrics")),
+    # the pipelined modes on verl's V1 trainer: they read the reward manager's per-sample timestamps
+    ("trainers", ("verl_pipe.trainers",)),
+    # draws what the layers below record
+    ("plotting", ("verl_pipe.plot",)),
+    # what a user runs: each may drive a trainer, a model, the reward, and plot
+    ("commands", ("verl_pipe.quickstart", "verl_pipe.baseline", "verl_pipe.evaluation", "verl_pipe.bench",
+                  "verl_pipe.recipe_check")),
+    # entry points: verl's plugin hook and the `verl-pipe` command, which reach everything
+    ("entry points", ("verl_pipe.register", "verl_pipe.cli")),
+)  # fmt: skip
+SOURCE_FOLDERS = {"verl_pipe": "verl_pipe", "trainers": "verl_pipe.trainers", "reward_score": "verl_pipe.reward_score"}
+
+
+def _source_modules() -> dict[str, str]:
+    """Every module of the distribution by its installed name -> its file (what setup.py's package_dir maps)."""
+    modules = {}
+    for folder, package in SOURCE_FOLDERS.items():
+        for root, _, files in os.walk(os.path.join(REPO, folder)):
+            for name in files:
+                if name.endswith(".py"):
+                    parts = os.path.relpath(os.path.join(root, name), os.path.join(REPO, folder))[:-3].split(os.sep)
+                    if parts[-1] == "__init__":
+                        parts = parts[:-1]
+                    modules[".".join([package, *parts])] = os.path.join(root, name)
+    return modules
+
+
+def _imports(module: str, path: str, known: set[str]):
+    """(line, imported module) for each verl-pipe import in the file, read with ast (nothing is imported)."""
+    import ast
+
+    is_package = path.endswith("__init__.py")
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), filename=path)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package, one level up per extra dot
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            # `from package import submodule` imports the submodule
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            if target == "verl_pipe" or target.startswith("verl_pipe."):
+                yield node.lineno, target
+
+
+def _layer_of(module: str) -> int | None:
+    candidates = [module] + [module.rsplit(".", i)[0] for i in range(1, module.count("."))]
+    for candidate in candidates:  # the most specific entry wins; the bare root matches only itself
+        for index, (_, members) in enumerate(LAYERS):
+            if candidate in members:
+                return index
+    return None
+
+
+def test_no_module_imports_a_higher_layer():
+    modules = _source_modules()
+    unplaced = sorted(m for m in modules if _layer_of(m) is None)
+    assert not unplaced, f"modules with no layer (add them to LAYERS in {__file__}): {unplaced}"
+    entries = [entry for _, members in LAYERS for entry in members]
+    stale = sorted(e for e in entries if not any(m == e or m.startswith(e + ".") for m in modules))
+    assert not stale, f"LAYERS names modules that do not exist: {stale}"
+    upward, unknown = [], []
+    for module, path in sorted(modules.items()):
+        layer = _layer_of(module)
+        for line, target in _imports(module, path, set(modules)):
+            where = f"{os.path.relpath(path, REPO)}:{line}: {module} ({LAYERS[layer][0]}) imports {target}"
+            target_layer = _layer_of(target)
+            if target_layer is None:
+                unknown.append(where)  # e.g. a module renamed without its importers
+            elif target_layer > layer:
+                upward.append(f"{where} ({LAYERS[target_layer][0]})")
+    assert not unknown, "imports of verl-pipe modules that do not exist:\n" + "\n".join(unknown)
+    assert not upward, "imports from a lower layer into a higher one:\n" + "\n".join(upward)

@@ -1,15 +1,28 @@
-"""The quickstart's pieces that need no training run: its overrides against verl's real config schema, and the
-per-step summaries built from verl's own log formats."""
+"""The quickstart's pieces that need no training run: its overrides against verl's real config schema (per trainer
+mode, also through the recipes' dry run), its flags, and the per-step summaries built from verl's own log formats."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 
 import pytest
 
-from verl_pipe.quickstart import QuickstartConfig, training_overrides
+from verl_pipe.cli import build_parser
+from verl_pipe.compat import SetupError
+from verl_pipe.quickstart import TRAINER_MODES, QuickstartConfig, training_overrides
 from verl_pipe.run_metrics import VerlMetricsTail, summarize_step
+
+# What each --mode must get on the CPU backend: separate sampler/trainer pools, and the weight-sync engine.
+# (verl's naive engine only reaches rollout workers in the trainer's own processes; nccl needs GPUs.)
+MODE_LAYOUT = {
+    "sync": (False, "naive"),
+    "separate_async": (True, "gloo"),
+    "one_off_pipeline": (True, "gloo"),
+    "minibatch_pipeline": (True, "gloo"),
+}
 
 
 def _compose(overrides: list[str]):
@@ -36,6 +49,126 @@ def test_overrides_compose_against_verls_schema(trainer, ranks):
     assert composed.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     assert composed.reward.custom_reward_function.path == "pkg://verl_pipe.reward_score"
     assert composed.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
+
+
+def _overrides(cfg: QuickstartConfig) -> list[str]:
+    return training_overrides(cfg, "/models/m", "/d/train.parquet", "/d/val.parquet", "/runs/r")
+
+
+def test_every_mode_is_covered_here():
+    assert set(TRAINER_MODES) == set(MODE_LAYOUT)
+
+
+@pytest.mark.parametrize("mode", list(MODE_LAYOUT))
+def test_mode_sets_its_pools_and_weight_sync(mode):
+    separate, engine = MODE_LAYOUT[mode]
+    cfg = QuickstartConfig(mode=mode, ranks=2, sampler_ranks=3 if separate else None)
+    cfg.validate()
+    composed = _compose(_overrides(cfg))
+    rollout = composed.actor_rollout_ref.rollout
+    assert composed.trainer.use_v1 is True and composed.trainer.v1.trainer_mode == mode
+    assert composed.actor_rollout_ref.hybrid_engine is (not separate)
+    assert rollout.checkpoint_engine.backend == engine
+    assert composed.trainer.n_gpus_per_node == 2
+    if separate:
+        assert (rollout.nnodes, rollout.n_gpus_per_node) == (1, 3)
+        assert composed.ray_kwargs.ray_init.num_cpus >= 2 + 3  # every rank placeable, plus verl's service actors
+    if mode == "separate_async":  # verl asserts this identity at start-up (its default parameter_sync_step is 4)
+        sync_step = composed.trainer.v1.separate_async.parameter_sync_step
+        assert sync_step * composed.actor_rollout_ref.actor.ppo_mini_batch_size == composed.data.train_batch_size
+
+
+def test_default_is_v1_sync_colocated():
+    cfg = QuickstartConfig()
+    assert (cfg.trainer, cfg.mode, cfg.separate_sampler_ranks) == ("v1", "sync", 0)
+    assert cfg.describe_trainer() == "v1 trainer, mode sync (1 rank, rollout colocated)"
+    assert not any(o.startswith("actor_rollout_ref.rollout.n_gpus_per_node") for o in _overrides(cfg))
+
+
+def test_start_line_names_the_mode_and_pools():
+    cfg = QuickstartConfig(mode="one_off_pipeline")
+    assert cfg.describe_trainer() == "v1 trainer, mode one_off_pipeline (1 trainer + 1 sampler rank)"
+    assert QuickstartConfig(trainer="legacy", ranks=2).describe_trainer() == "legacy trainer (2 ranks)"
+
+
+def test_users_overrides_come_after_the_modes_and_win():
+    cfg = QuickstartConfig(mode="minibatch_pipeline", overrides=["actor_rollout_ref.rollout.n_gpus_per_node=2"])
+    composed = _compose(_overrides(cfg))
+    assert composed.actor_rollout_ref.rollout.n_gpus_per_node == 2 and composed.trainer.v1.trainer_mode == cfg.mode
+
+
+def test_a_mode_override_is_read_as_the_mode():
+    """``make demo ARGS="trainer.v1.trainer_mode=one_off_pipeline"`` gets the mode's pools, as --mode would."""
+    cfg = QuickstartConfig(overrides=["trainer.v1.trainer_mode=one_off_pipeline"])
+    cfg.validate()
+    assert cfg.mode == "one_off_pipeline"
+    composed = _compose(_overrides(cfg))
+    assert composed.actor_rollout_ref.hybrid_engine is False
+    assert composed.actor_rollout_ref.rollout.checkpoint_engine.backend == "gloo"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"mode": "async"}, "--mode must be one of sync, separate_async, one_off_pipeline, minibatch_pipeline"),
+        ({"trainer": "legacy", "mode": "one_off_pipeline"}, "drop --trainer legacy, or use --mode sync"),
+        ({"trainer": "legacy", "overrides": ["trainer.v1.trainer_mode=minibatch_pipeline"]}, "--trainer legacy"),
+        ({"mode": "sync", "sampler_ranks": 2}, "--sampler-ranks sizes a separate rollout pool"),
+        ({"mode": "separate_async", "sampler_ranks": 0}, "(--sampler-ranks)"),
+        ({"mode": "one_off_pipeline", "overrides": ["trainer.v1.trainer_mode=minibatch_pipeline"]},
+         "--mode one_off_pipeline and the override trainer.v1.trainer_mode=minibatch_pipeline disagree"),
+    ],
+)  # fmt: skip
+def test_bad_mode_settings_name_the_flag(kwargs, message):
+    with pytest.raises(SetupError, match=re.escape(message)):
+        QuickstartConfig(**kwargs).validate()
+
+
+def test_cli_mode_flag(capsys):
+    # as `make demo ARGS="--mode=one_off_pipeline --model tiny --steps 2"` passes it
+    args = build_parser().parse_args(["quickstart", "--mode=one_off_pipeline", "--model", "tiny", "--steps", "2"])
+    assert (args.mode, args.model, args.steps, args.overrides) == ("one_off_pipeline", "tiny", 2, [])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["quickstart", "--mode", "async"])
+    err = capsys.readouterr().err
+    assert "argument --mode: invalid choice: 'async'" in err and all(mode in err for mode in TRAINER_MODES)
+
+
+# --- the same lists through the recipes' DRY_RUN path: verl's dataclasses, validate_config, the trainer registry
+# and the pipelined modes' own start-up checks (a wrong key or a layout a mode refuses fails here) --------------
+
+
+def _dry_run(cfg: QuickstartConfig):
+    from verl_pipe.recipe_check import RecipeContext, dry_run
+
+    return dry_run(_overrides(cfg), RecipeContext(recipe="quickstart_cpu", check_paths=False))
+
+
+@pytest.mark.parametrize("mode", list(MODE_LAYOUT))
+def test_mode_passes_the_recipes_dry_run(mode):
+    separate, engine = MODE_LAYOUT[mode]
+    summary = _dry_run(QuickstartConfig(mode=mode))
+    assert summary.use_v1 and summary.trainer_mode == mode and summary.device == "cpu"
+    assert summary.layout["hybrid_engine"] is (not separate) and summary.weight_sync == engine
+    assert (summary.layout["trainer_gpus"], summary.layout["sampler_gpus"]) == (1, 1 if separate else 0)
+    if mode in ("one_off_pipeline", "minibatch_pipeline"):
+        assert summary.parameter_sync_step == 1  # the pipelined trainer's own derivation accepted the layout
+
+
+def test_legacy_trainer_passes_the_recipes_dry_run():
+    assert _dry_run(QuickstartConfig(trainer="legacy")).trainer_mode == "legacy"
+
+
+def test_a_wrong_key_in_the_mode_table_fails_the_dry_run(monkeypatch):
+    from verl_pipe import quickstart
+    from verl_pipe.recipe_check import RecipeConfigError
+
+    typo = "trainer.v1.separate_async.parameter_sync_stp"
+    bad = dataclasses.replace(TRAINER_MODES["separate_async"], parameter_sync_step_key=typo)
+    monkeypatch.setitem(quickstart.TRAINER_MODES, "separate_async", bad)
+    with pytest.raises(RecipeConfigError) as info:
+        _dry_run(QuickstartConfig(mode="separate_async"))
+    assert info.value.key == typo
 
 
 def test_ray_address_replaces_num_cpus():

@@ -20,7 +20,7 @@ def test_contributors_add_to_verls_step_metrics_once_each():
     step_metrics.add_contributor(contributor)  # registering twice must not count twice
     try:
         assert is_patched(ray_trainer.compute_data_metrics)
-        wrapped = step_metrics._wrap(lambda batch, use_critic=True: {"verl/own": 2.0})
+        wrapped = step_metrics._wrap(lambda batch, use_critic=True: {"verl/own": 2.0}, "step_metrics@ray_trainer")
         metrics = wrapped(batch="the-batch")  # other parts' contributors (GRPO+, rewards) may add theirs too
         assert metrics["verl/own"] == 2.0 and metrics["test/contributed"] == 1.0
         assert calls == ["the-batch"]

@@ -1,8 +1,10 @@
-"""Registers the pipelined trainer modes, the gloo checkpoint engine and the separate-pool patches with verl.
+"""Registers the pipelined trainer modes and the gloo checkpoint engine with verl.
 
 Each piece waits for the verl module it extends (:mod:`verl_pipe.import_hooks`): the trainers register when
 verl imports its V1 trainer package (in the TaskRunner), the engine when verl imports its checkpoint-engine
 base (trainer and rollout workers). A failure is logged at WARNING by the import hook, never swallowed.
+The separate-pool patches (:mod:`.patches`) are installed with every other patch, from
+:mod:`verl_pipe.patch_registry`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import importlib
 
 from verl_pipe.import_hooks import when_imported
-from verl_pipe.trainers import patches
 
 TRAINER_MODULES = ("verl_pipe.trainers.ray_trainer_async", "verl_pipe.trainers.ray_trainer_pipeline")
 TRAINER_MODES = ("one_off_pipeline", "minibatch_pipeline")
@@ -23,6 +24,5 @@ def _import_all(names) -> None:
 
 
 def install() -> None:
-    patches.install()
     when_imported("verl.trainer.ppo.v1", lambda _module: _import_all(TRAINER_MODULES))
     when_imported("verl.checkpoint_engine.base", lambda _module: _import_all([CHECKPOINT_ENGINE_MODULE]))

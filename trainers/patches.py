@@ -2,8 +2,9 @@
 
 Both sit on the code path of verl's ``separate_async`` mode with ``actor_rollout_ref.hybrid_engine=False``,
 which our pipelined trainers build on; the sync and colocated modes never reach them. Each is a
-:class:`~verl_pipe.patching.VerlPatch`: fingerprinted against the verl source it fixes, skipped loudly if
-verl changed, and covered by a test that fails without the patch.
+:class:`~verl_pipe.patching.VerlPatch` declared in :mod:`verl_pipe.patch_registry`: fingerprinted against the
+verl source it fixes, and covered by a test that fails without the patch. The second is correctness-critical:
+on the CPU backend a verl whose code changed under it stops the run at start-up.
 
 1. ``PPOTrainerSeparateAsync._setup`` logs with ``logger.info(..., flush=True)``; ``logging`` rejects the
    keyword, so the mode dies at start-up with a TypeError whenever hybrid replicas are off.
@@ -23,10 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from verl_pipe.import_hooks import when_imported
-from verl_pipe.patching import VerlPatch, apply_patches, is_patched, mark_patched
-
-APPLIED: list[str] = []
+from verl_pipe.patching import fired, is_patched, mark_patched
 
 
 # --- 1. logger.info(..., flush=True) --------------------------------------------------------------------------
@@ -36,6 +34,8 @@ class _FlushTolerantLogger(logging.LoggerAdapter):
     """The module's logger, minus the ``flush`` keyword that print() takes and logging does not."""
 
     def process(self, msg, kwargs):
+        if "flush" in kwargs:
+            fired("separate_async_logger_flush_kwarg")
         kwargs.pop("flush", None)
         return msg, kwargs
 
@@ -65,6 +65,7 @@ def _patch_sharded_save_aliasing() -> None:
 
     @mark_patched(original)
     def fsdp2_sharded_save_to_cpu(model):
+        fired("pi_old_snapshot_copies_host_params")
         state, spec = original(model)
         live = {name: getattr(param, "_local_tensor", param) for name, param in model.named_parameters()}
         for name, (saved, param_spec) in state.items():
@@ -93,48 +94,8 @@ def _patch_report_generated_sessions() -> None:
 
     @mark_patched(original)
     async def _compute_score(self, outputs, kwargs):
+        fired("report_generated_sessions")
         report_generated(self.config, kwargs)
         return await original(self, outputs, kwargs)
 
     AgentLoopWorker._compute_score = _compute_score
-
-
-SEPARATE_POOL_PATCHES: tuple[VerlPatch, ...] = (
-    VerlPatch(
-        name="separate_async_logger_flush_kwarg",
-        target="verl.trainer.ppo.v1.trainer_separate_async:PPOTrainerSeparateAsync._setup",
-        fingerprint="flush=True,",
-        upstream="trainer_separate_async.py: drop flush=True from logger.info in the hybrid_engine=False branch",
-        apply=_patch_separate_async_logger,
-    ),
-    VerlPatch(
-        name="pi_old_snapshot_copies_host_params",
-        target="verl.utils.fsdp_utils:fsdp2_sharded_save_to_cpu",
-        fingerprint="local_cpu_tensor = local_gpu_tensor.detach().cpu()",
-        upstream="fsdp2_sharded_save_to_cpu should clone when the parameter is already in host memory",
-        apply=_patch_sharded_save_aliasing,
-    ),
-    VerlPatch(
-        name="report_generated_sessions",
-        # V1's post-processing calls this first, once per session, after generation and before anything else
-        # (test_generation_counter_on_cpu checks that order in AgentLoopWorkerTQ._agent_loop_postprocess).
-        target="verl.experimental.agent_loop.agent_loop:AgentLoopWorker._compute_score",
-        fingerprint="async def _compute_score(self, outputs: list[AgentLoopOutput], kwargs: dict) -> None:",
-        upstream="a per-session 'generation finished' event in the V1 agent loop (before the streamed reward)",
-        apply=_patch_report_generated_sessions,
-    ),
-)
-
-
-def install() -> None:
-    """Apply each patch when verl imports the module it fixes (never earlier: importing them costs seconds)."""
-    by_module = {
-        "verl.trainer.ppo.v1.trainer_separate_async": SEPARATE_POOL_PATCHES[0],
-        "verl.utils.fsdp_utils": SEPARATE_POOL_PATCHES[1],
-        "verl.experimental.agent_loop.agent_loop": SEPARATE_POOL_PATCHES[2],
-    }
-    for module_name, patch in by_module.items():
-        when_imported(
-            module_name,
-            lambda _module, patch=patch: APPLIED.extend(apply_patches([patch], group="separate-pool")),
-        )

@@ -28,7 +28,7 @@ import threading
 from omegaconf import open_dict
 
 from verl.trainer.ppo.v1.trainer_base import register_trainer
-from verl_pipe.trainers.common import PipelinedTrainer
+from verl_pipe.trainers.pipelined_trainer import PipelinedTrainer
 from verl_pipe.trainers.config import PipelineConfigError
 from verl_pipe.trainers.generation_counter import CONFIG_KEY, GenerationWatch
 

@@ -19,7 +19,7 @@ each minibatch goes through), and weights travel through verl's checkpoint engin
 from __future__ import annotations
 
 from verl.trainer.ppo.v1.trainer_base import register_trainer
-from verl_pipe.trainers.common import PipelinedTrainer
+from verl_pipe.trainers.pipelined_trainer import PipelinedTrainer
 from verl_pipe.trainers.config import PipelineConfigError
 
 

@@ -1,4 +1,4 @@
-"""Per-run timeline of the pipelined trainers: who was busy when, as a chrome trace and as a Gantt PNG.
+"""Per-run timeline of the pipelined trainers: who was busy when, as a chrome trace, and arithmetic on intervals.
 
 Three tracks, all in wall-clock time:
 
@@ -7,7 +7,9 @@ Three tracks, all in wall-clock time:
 * ``reward``: each sample's scoring interval (from the ``interleaved`` reward manager's timestamps).
 
 The trace is chrome://tracing / Perfetto JSON (``ph: "X"`` complete events, microseconds). Overlapping intervals
-of one track go on separate rows (``tid``), so a Gantt chart of the trace shows the overlap directly.
+of one track go on separate rows (``tid``), so a Gantt chart of the trace shows the overlap directly (``verl-pipe
+plot timeline.json`` draws one: :func:`verl_pipe.plot.plot_trace`). No plotting library is imported here: the
+trainers write the trace in every step. What the trainer records, and when, is :mod:`.timeline_recorder`.
 """
 
 from __future__ import annotations
@@ -67,20 +69,20 @@ def _disjoint(intervals: Iterable[Interval]) -> list[Interval]:
     return merged
 
 
-def _lanes(intervals: list[Interval]) -> list[int]:
+def lanes(intervals: list[Interval]) -> list[int]:
     """Row of each interval within its track: the first row free at its start (greedy interval colouring)."""
     lane_ends: list[float] = []
-    lanes = []
+    rows = []
     for interval in intervals:
         for lane, lane_end in enumerate(lane_ends):
             if lane_end <= interval.start + _SAME_INSTANT_S:
                 lane_ends[lane] = interval.end
-                lanes.append(lane)
+                rows.append(lane)
                 break
         else:
             lane_ends.append(interval.end)
-            lanes.append(len(lane_ends) - 1)
-    return lanes
+            rows.append(len(lane_ends) - 1)
+    return rows
 
 
 class Timeline:
@@ -105,7 +107,7 @@ class Timeline:
         for pid, track in enumerate(TRACKS):
             items = sorted(self.track(track), key=lambda i: (i.start, i.end))
             events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": track}})
-            for interval, lane in zip(items, _lanes(items)):
+            for interval, lane in zip(items, lanes(items)):
                 events.append(
                     {
                         "ph": "X",
@@ -142,46 +144,3 @@ def trace_origin(path: str) -> float:
     """Wall-clock time (Unix seconds) of the trace's first event, which :func:`load_trace` reports as 0."""
     with open(path, encoding="utf-8") as fh:
         return float(json.load(fh).get("otherData", {}).get("origin_unix_s", 0.0))
-
-
-_COLOURS = {"wait for samples": "#d62728", "train": "#1f77b4", "sync": "#ff7f0e", "validate": "#9467bd"}
-
-
-def plot_trace(trace_path: str, out_png: str) -> str:
-    """Gantt chart of a trace: one band per track, one row per overlapping lane."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    intervals = load_trace(trace_path)
-    if not intervals:
-        raise ValueError(f"{trace_path} has no intervals to draw")
-    rows: list[tuple[str, list[Interval]]] = []
-    for track in TRACKS:
-        items = sorted((i for i in intervals if i.track == track), key=lambda i: (i.start, i.end))
-        lanes = _lanes(items)
-        for lane in range(max(lanes, default=-1) + 1):
-            rows.append((f"{track} {lane}" if max(lanes) else track, [i for i, l in zip(items, lanes) if l == lane]))
-    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.35 * len(rows)))
-    for y, (_, items) in enumerate(reversed(rows)):
-        for i in items:
-            colour = _COLOURS.get(i.name, "#2ca02c" if i.track == "sampler" else "#8c564b")
-            ax.broken_barh([(i.start, max(i.end - i.start, 1e-3))], (y - 0.4, 0.8), color=colour)
-    ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)])
-    ax.set_xlabel("seconds since the first event")
-    ax.set_title(os.path.basename(trace_path))
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*_COLOURS.values(), "#2ca02c", "#8c564b"]]
-    ax.legend(
-        handles,
-        [*_COLOURS, "generate batch", "score sample"],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.35 if len(rows) < 6 else -0.12),
-        fontsize=7,
-        ncol=6,
-        frameon=False,
-    )
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png

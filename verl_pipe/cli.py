@@ -1,6 +1,6 @@
 """The ``verl-pipe`` command: utilities around verl runs (training itself stays ``python -m verl.trainer.main_ppo``).
 
-verl-pipe quickstart [--model smollm2|tiny|PATH] [--steps N] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
+verl-pipe quickstart [--model smollm2|tiny|PATH] [--steps N] [--mode sync|separate_async|one_off_pipeline|minibatch_pipeline] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
 verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]   (or verl's own metrics log; or a timeline.json: a Gantt PNG)
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
@@ -32,7 +32,7 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 def _plot(args: argparse.Namespace) -> int:
     if args.metrics.endswith(".json"):  # a pipelined trainer's chrome-trace timeline: draw it as a Gantt chart
-        from verl_pipe.trainers.timeline import plot_trace
+        from verl_pipe.plot import plot_trace
 
         print(plot_trace(args.metrics, args.output or args.metrics[: -len(".json")] + ".png"))
         return 0
@@ -90,7 +90,7 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
 
 
 def _recipes(args: argparse.Namespace) -> int:
-    from verl_pipe.recipes import main as recipes_main
+    from verl_pipe.recipe_check import main as recipes_main
 
     return recipes_main(args.recipe_args)
 
@@ -115,7 +115,7 @@ def _bench_size(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    """Print what verl-pipe sees: verl version, platform choice, registered parts, sandbox tools."""
+    """Print what verl-pipe sees: verl version, platform choice, registered parts, verl patches, sandbox tools."""
     import os
     import shutil
 
@@ -128,7 +128,13 @@ def _doctor(args: argparse.Namespace) -> int:
     from verl_pipe.register import REGISTERED
 
     for kind, names in REGISTERED.items():
-        print(f"registered {kind}: {', '.join(names)}")
+        if kind != "patches":
+            print(f"registered {kind}: {', '.join(names)}")
+    from verl_pipe.patch_registry import PATCHES, patch_table
+
+    print(f"verl patches ({len(PATCHES)}; what each replaces and why: docs/upstream.md):")
+    for line in patch_table():
+        print(f"  {line}")
     from verl_pipe.reward_score.sandbox import probe_bwrap
 
     problem = probe_bwrap()
@@ -145,15 +151,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    qs = sub.add_parser("quickstart", help="GRPO+ on the embedded coding problems with verl's real trainer, on CPU")
+    from verl_pipe.quickstart import TRAINER_MODES  # the table only: the run's own imports wait for _quickstart
+
+    qs = sub.add_parser(
+        "quickstart",
+        help="GRPO+ on the embedded coding problems with verl's real trainer, on CPU",
+        epilog="trainer modes (--mode):\n" + "\n".join(f"  {m.name:<20} {m.summary}" for m in TRAINER_MODES.values()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     qs.add_argument("--model", help="smollm2 (default), tiny, or an HF model folder")
-    qs.add_argument("--trainer", choices=["v1", "legacy"])
+    qs.add_argument(
+        "--mode",
+        choices=list(TRAINER_MODES),
+        help="V1 trainer mode (default sync); sets its pools and weight sync on the CPU backend (see below)",
+    )
+    qs.add_argument("--trainer", choices=["v1", "legacy"], help="v1 (default) or verl's legacy trainer (sync only)")
     qs.add_argument("--algorithm", choices=["grpo_plus", "grpo"], help="grpo_plus (default) or verl's grpo")
     qs.add_argument("--steps", type=int)
     qs.add_argument("--prompts-per-step", dest="prompts_per_step", type=int)
     qs.add_argument("--samples-per-prompt", dest="samples_per_prompt", type=int)
     qs.add_argument("--max-response-length", dest="max_response_length", type=int)
-    qs.add_argument("--ranks", type=int, help="trainer ranks (gloo); each is also a rollout replica")
+    qs.add_argument("--ranks", type=int, help="trainer ranks (gloo); in sync mode each is also a rollout replica")
+    qs.add_argument(
+        "--sampler-ranks",
+        dest="sampler_ranks",
+        type=int,
+        help="rollout ranks of the separate sampler pool (separate_async and the pipelined modes; default 1)",
+    )
     qs.add_argument("--out-dir", dest="out_dir")
     qs.add_argument("--seed", type=int)
     qs.add_argument("overrides", nargs="*", help="hydra overrides passed to verl, e.g. trainer.total_training_steps=5")

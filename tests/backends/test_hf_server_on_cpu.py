@@ -119,7 +119,7 @@ def test_latency_model_holds_each_request_for_its_modelled_time(ray_cluster, tin
 
     from verl.workers.config import HFModelConfig, RolloutConfig
     from verl_pipe.backends.cpu.hf_server import HFRolloutServer
-    from verl_pipe.bench.latency import LATENCY_MODEL_ENV, LatencyModel
+    from verl_pipe.bench.latency import LatencyModel, worker_env_vars
 
     model = LatencyModel(decode_tokens_per_s=1000.0, prefill_s=0.2, median_response_tokens=1000,
                          max_response_tokens=2000, replica_concurrency=1, time_scale=1.0)  # fmt: skip
@@ -127,7 +127,7 @@ def test_latency_model_holds_each_request_for_its_modelled_time(ray_cluster, tin
     rollout = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=4, dtype="float32")
     handle = (
         ray.remote(HFRolloutServer)
-        .options(num_cpus=0, max_concurrency=8, runtime_env={"env_vars": {LATENCY_MODEL_ENV: model.to_json()}})
+        .options(num_cpus=0, max_concurrency=8, runtime_env={"env_vars": worker_env_vars(model.to_json())})
         .remote(config=OmegaConf.structured(rollout), model_config=HFModelConfig(path=tiny_model_path), replica_rank=0)
     )
     try:

@@ -9,7 +9,8 @@ import statistics
 import pytest
 
 from verl_pipe.bench.latency import LATENCY_MODEL_ENV, LatencyModel, LatencyModelError, active_model
-from verl_pipe.bench.latency_hooks import PATCHES_BY_MODULE, batch_reward_s
+from verl_pipe.bench.latency_hooks import batch_reward_s
+from verl_pipe.patch_registry import PATCHES
 from verl_pipe.bench.pipeline import PROFILES, BenchConfig, calibrate
 
 
@@ -68,6 +69,7 @@ def test_calibration_follows_the_profile_shares(profile):
 
 
 def test_trainer_side_patches_still_match_verl():
-    for patches in PATCHES_BY_MODULE.values():
-        for patch in patches:
-            assert patch.matches(), patch.name
+    patches = [patch for patch in PATCHES if patch.when == "latency model"]
+    assert len(patches) == 5 and all(patch.critical for patch in patches)
+    for patch in patches:
+        assert patch.matches(), patch.name

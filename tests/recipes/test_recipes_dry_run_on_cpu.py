@@ -27,16 +27,29 @@ R1_14B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"
 R1_1_5B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
 
 
+# The virtualenv `make install` builds; a recipe must find it without PYTHON, activation or PATH.
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+BARE_PATH = "/usr/bin:/bin"
+
+
 @dataclass(frozen=True)
 class Run:
     script: str
     env: dict[str, str] = field(default_factory=dict)
     args: tuple[str, ...] = ()
+    # As a user straight after `make install`: no PYTHON, no activated virtualenv, nothing of it on PATH.
+    bare: bool = False
 
 
 def _run(run: Run) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in RECIPE_ENV}
-    env.update(PYTHON=sys.executable, **run.env)
+    if run.bare:
+        for name in ("PYTHON", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
+            env.pop(name, None)
+        env["PATH"] = BARE_PATH
+    else:
+        env["PYTHON"] = sys.executable
+    env.update(run.env)
     return subprocess.run(["bash", str(REPO / "recipes" / run.script), *run.args],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
 
@@ -47,7 +60,9 @@ HEAVY = {
     "14b_stage1": Run("deepcoder_14b.sh", {"DRY_RUN": "json"}, ("trainer.total_epochs=3",)),
     "14b_stage2_sync": Run("deepcoder_14b.sh", {"DRY_RUN": "json", "STAGE": "2", "STAGE1_CKPT": STAGE1_CKPT,
                                                 "TRAINER_MODE": "sync"}),
-    "1.5b_text": Run("deepcoder_1.5b.sh", {"DRY_RUN": "1"}),
+    "1.5b_text": Run("deepcoder_1.5b.sh", {"DRY_RUN": "1"}, bare=True),
+    "quickstart_one_off": Run("quickstart_cpu.sh", {"DRY_RUN": "json", "MODEL": "tiny", "MODE": "one_off_pipeline"},
+                              bare=True),
     "scaler_stage1": Run("deepscaler_1.5b.sh", {"DRY_RUN": "json"}),
     "scaler_stage2_sync": Run("deepscaler_1.5b.sh", {"DRY_RUN": "json", "STAGE": "2", "STAGE1_CKPT": "/c/s1",
                                                      "TRAINER_MODE": "sync"}),
@@ -120,7 +135,14 @@ def test_deepcoder_14b_stage2_starts_from_stage1_and_sync_is_the_papers_setting(
     assert s["parameter_sync_step"] is None
 
 
+def _require_venv() -> None:
+    if not VENV_PYTHON.exists():
+        pytest.skip(f"no {VENV_PYTHON}: `make install` builds the virtualenv these runs must find by themselves")
+
+
 def test_deepcoder_1_5b_prints_a_readable_summary(dry_runs):
+    """Also: straight after `make install`, with no PYTHON and no venv on PATH (its python3 lacks hydra)."""
+    _require_venv()
     result = dry_runs["1.5b_text"].result()
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
@@ -129,6 +151,36 @@ def test_deepcoder_1_5b_prints_a_readable_summary(dry_runs):
                      "trainer mode  one_off_pipeline", "trainer 1x4=4", "sampler 1x4=4", "= 8 GPUs of 8 in the cluster",
                      "train_batch_size 64 prompts", "ok: verl's validate_config passed"):  # fmt: skip
         assert expected in out, out
+
+
+def test_quickstart_recipe_mode_sets_separate_pools_without_venv_on_path(dry_runs):
+    """MODE=one_off_pipeline reaches the quickstart as its mode: separate pools and the gloo engine, found valid by
+    the pipelined trainer's own checks, with the project's .venv found by the script itself."""
+    _require_venv()
+    s = _json(dry_runs, "quickstart_one_off")
+    assert (s["recipe"], s["trainer_mode"], s["device"], s["weight_sync"]) == (
+        "quickstart_cpu", "one_off_pipeline", "cpu", "gloo")  # fmt: skip
+    assert not s["layout"]["hybrid_engine"] and (s["layout"]["trainer_gpus"], s["layout"]["sampler_gpus"]) == (1, 1)
+
+
+def test_recipe_python_prefers_python_env_then_activated_venv_then_project_venv(tmp_path):
+    def pick(**env: str) -> str:
+        probe = "source recipes/common.sh; recipe_python"
+        clean = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV")}
+        return subprocess.run(["bash", "-c", probe], cwd=REPO, env={**clean, **env}, capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+
+    assert pick(PYTHON="/opt/py/bin/python") == "/opt/py/bin/python"  # PYTHON=... stays the override
+    assert pick(VIRTUAL_ENV=str(tmp_path)) == "python3"  # an activated virtualenv's python3 is on PATH
+    assert pick() == (str(VENV_PYTHON) if VENV_PYTHON.exists() else "python3")
+
+
+def test_a_python_without_verl_stops_naming_the_fix():
+    result = _run(Run("deepcoder_14b.sh", {"DRY_RUN": "1", "PYTHON": "/usr/bin/python3"}))
+    if result.returncode == 0:
+        pytest.skip("this machine's /usr/bin/python3 has verl, hydra and verl-pipe")
+    assert result.returncode == 2 and "/usr/bin/python3 cannot import" in result.stderr, result.stderr
+    assert "make install" in result.stderr and "PYTHON=" in result.stderr
 
 
 def test_deepscaler_stage1_8k_on_one_node(dry_runs):
@@ -223,7 +275,7 @@ def test_a_value_of_the_wrong_type_names_its_key():
     read must still stop at it rather than print a traceback."""
     from omegaconf import OmegaConf
 
-    from verl_pipe.recipes import RecipeConfigError, _get
+    from verl_pipe.recipe_check import RecipeConfigError, _get
 
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": "x", "temperature": "0.6"}}})
     with pytest.raises(RecipeConfigError) as info:

@@ -6,7 +6,7 @@ import pytest
 
 import verl_pipe.reward_score as reward_score
 from verl_pipe.reward_score import extract, grading, prelude
-from verl_pipe.rewards import metrics as reward_metrics
+from verl_pipe.reward_manager import metrics as reward_metrics
 
 
 @pytest.mark.parametrize("module", [reward_score, extract, grading, prelude, reward_metrics], ids=lambda m: m.__name__)

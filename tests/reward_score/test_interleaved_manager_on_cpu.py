@@ -12,8 +12,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from verl_pipe.rewards.hooks import legacy_batch_reward_metrics
-from verl_pipe.rewards.metrics import TIMING_KEYS, hidden_fraction, reward_step_metrics
+from verl_pipe.reward_manager.hooks import legacy_batch_reward_metrics
+from verl_pipe.reward_manager.metrics import TIMING_KEYS, hidden_fraction, reward_step_metrics
 
 # Scoring processes import their score function by module name; pytest imports this file by path. The helper
 # module's folder is put on sys.path at collection, before any test starts the forkserver (which copies it).
@@ -60,7 +60,7 @@ def _config(**interleaved):
 
 def test_config_splits_cores_across_workers_and_names_bad_keys():
     """Guards against 8 reward workers each starting a sandbox per core (oversubscribing the node)."""
-    from verl_pipe.rewards.interleaved import InterleavedConfig
+    from verl_pipe.reward_manager.interleaved import InterleavedConfig
 
     assert InterleavedConfig.from_reward_config(_config(concurrency=3).reward).concurrency == 3
     assert InterleavedConfig.from_reward_config(_config().reward).concurrency >= 1
@@ -78,7 +78,7 @@ def test_run_single_scores_a_real_program_with_our_reward_and_kwargs():
     from verl import DataProto
     from verl.utils.reward_score import default_compute_score
 
-    from verl_pipe.rewards.interleaved import InterleavedRewardManager
+    from verl_pipe.reward_manager.interleaved import InterleavedRewardManager
 
     response = "no code here"
     ids = torch.tensor([list(response.encode())])
@@ -118,7 +118,7 @@ def _one_sample():
 
 
 def _run_with(score_fn, **interleaved):
-    from verl_pipe.rewards.interleaved import InterleavedRewardManager
+    from verl_pipe.reward_manager.interleaved import InterleavedRewardManager
 
     async def score():
         manager = InterleavedRewardManager(_config(**interleaved), _Tokenizer(), score_fn)
@@ -167,7 +167,7 @@ def test_a_stuck_score_is_given_up_at_the_sample_deadline():
 
 def test_a_scoring_process_that_dies_costs_only_its_own_sample():
     """Guards against a scoring process killed mid-sample failing the step or poisoning the other samples."""
-    from verl_pipe.rewards.scoring_processes import ScoringProcessDied, ScoringProcesses
+    from verl_pipe.reward_manager.scoring_processes import ScoringProcessDied, ScoringProcesses
 
     async def scenario():
         processes = ScoringProcesses(die_or_echo, slots=2)
@@ -189,8 +189,8 @@ def test_a_scoring_process_that_dies_costs_only_its_own_sample():
 
 def test_the_manager_gives_a_sample_whose_process_dies_twice_internal_error():
     """Guards against the manager letting a dead scoring process fail run_single (and so the reward step)."""
-    from verl_pipe.rewards.interleaved import InterleavedRewardManager
-    from verl_pipe.rewards.scoring_processes import ScoringProcesses
+    from verl_pipe.reward_manager.interleaved import InterleavedRewardManager
+    from verl_pipe.reward_manager.scoring_processes import ScoringProcesses
 
     async def scenario():
         manager = InterleavedRewardManager(_config(concurrency=1), _Tokenizer(), default_score())

@@ -15,7 +15,9 @@ import sys
 
 import pytest
 
-from verl_pipe.trainers.patches import SEPARATE_POOL_PATCHES
+from verl_pipe.patch_registry import PATCHES
+
+SEPARATE_POOL_PATCHES = tuple(p for p in PATCHES if p.apply.startswith("verl_pipe.trainers.patches:"))
 
 FSDP2_SNAPSHOT = r"""
 import os, sys, json, torch, torch.distributed as dist

@@ -12,16 +12,9 @@ import os
 
 import pytest
 
+from verl_pipe.plot import plot_trace
 from verl_pipe.trainers import timeline
-from verl_pipe.trainers.timeline import (
-    Interval,
-    Timeline,
-    busy_seconds,
-    load_trace,
-    overlap_seconds,
-    plot_trace,
-    trace_origin,
-)
+from verl_pipe.trainers.timeline import Interval, Timeline, busy_seconds, load_trace, overlap_seconds, trace_origin
 
 
 def test_doctests():

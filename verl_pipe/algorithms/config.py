@@ -108,7 +108,14 @@ class GRPOPlusLossSettings:
 
 
 def validate_actor_for_grpo_plus(actor: Any) -> None:
-    """Start-up checks of the verl actor keys GRPO+ relies on; raises ValueError naming the key."""
+    """Start-up checks of the verl actor keys GRPO+ relies on; raises ValueError naming the key.
+
+    Also refuses to start (:class:`~verl_pipe.patching.CriticalPatchMissing`) when a patch GRPO+ needs to train
+    what it says no longer matches the installed verl.
+    """
+    from verl_pipe.patch_registry import require_patches
+
+    require_patches("grpo_plus")
     mode = actor.get("loss_agg_mode", "token-mean")
     if mode not in VALID_LOSS_AGG_MODES:
         raise ValueError(f"{ACTOR_KEY}.loss_agg_mode={mode!r} is not one of {VALID_LOSS_AGG_MODES}.")

@@ -13,8 +13,10 @@ verl's extension points cover the estimator and the loss; four things GRPO+ need
 4. ``compute_data_metrics`` in both trainers: an advantage estimator has no way to emit metrics; the grpo_plus
    group counts go into the step's metrics through :mod:`verl_pipe.step_metrics`.
 
-Each hook is a no-op unless grpo_plus is selected. Everything is applied lazily, when verl imports the module
-concerned (:mod:`verl_pipe.import_hooks`), so processes that never train pay nothing.
+Each hook is a no-op unless grpo_plus is selected. They are declared in :mod:`verl_pipe.patch_registry` and
+applied lazily, when verl imports the module concerned (:mod:`verl_pipe.import_hooks`), so processes that never
+train pay nothing. Hooks 2 and 3 are correctness-critical: with grpo_plus selected, a verl whose code no longer
+matches them stops the run when the actor config is validated (and, as a backstop, at the first update).
 """
 
 from __future__ import annotations
@@ -26,9 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from verl_pipe.import_hooks import when_imported
-from verl_pipe.patching import VerlPatch, apply_patches, is_patched, mark_patched
+from verl_pipe.patching import fired, is_patched, mark_patched
 from verl_pipe.step_metrics import add_contributor
-from verl_pipe.step_metrics import install as install_step_metrics
 
 
 APPLIED: list[str] = []
@@ -53,6 +54,7 @@ def _patch_actor_config_validation() -> None:
     @functools.wraps(original)
     def __post_init__(self):
         if _is_grpo_plus(self.policy_loss):
+            fired("grpo_plus_actor_validation")
             from verl_pipe.algorithms.config import validate_actor_for_grpo_plus
 
             validate_actor_for_grpo_plus(self)
@@ -78,6 +80,8 @@ def _patch_ppo_loss() -> None:
         if not _is_grpo_plus(config.policy_loss) or "rollout_log_probs" not in data.keys():
             return original(config, model_output, data, dp_group=dp_group)
         from verl_pipe.algorithms.policy_loss import rollout_log_probs_for_loss
+
+        fired("grpo_plus_rollout_log_probs_to_loss")
 
         # padded exactly as verl pads old_log_probs inside ppo_loss, so the two align token for token
         rollout_log_probs = data.select("rollout_log_probs", "response_mask").to_padded_tensor()["rollout_log_probs"]
@@ -145,6 +149,8 @@ def _patch_update_actor() -> None:
     @mark_patched(original)
     @functools.wraps(original)
     def update_actor(self, data):
+        if _is_grpo_plus(self.config.actor.get("policy_loss", None)):
+            fired("grpo_plus_overlong_settings_to_training_worker")
         if not hasattr(self.actor, _OVERLONG_ATTR):
             setattr(self.actor, _OVERLONG_ATTR, _overlong_settings(self))
         return original(self, data)
@@ -167,6 +173,7 @@ def _patch_train_mini_batch() -> None:
         settings = getattr(self, _OVERLONG_ATTR, None)
         if settings is None or not isinstance(data, TensorDict):
             return original(self, data)
+        fired("grpo_plus_overlong_mask_before_token_count")
         stats = _apply_overlong_filter(self, settings, data)
         output = original(self, data)
         if output is not None:
@@ -187,42 +194,6 @@ def _grpo_plus_step_metrics(_batch) -> dict[str, float]:
     return drain_advantage_metrics()
 
 
-PATCHES_BY_MODULE: dict[str, tuple[VerlPatch, ...]] = {
-    "verl.workers.config.actor": (
-        VerlPatch(
-            name="grpo_plus_actor_validation",
-            target="verl.workers.config.actor:ActorConfig.__post_init__",
-            fingerprint="Invalid loss_agg_mode",
-            upstream="registered policy losses have no start-up validation hook for their actor settings",
-            apply=_patch_actor_config_validation,
-        ),
-    ),
-    "verl.workers.engine_workers": (
-        VerlPatch(
-            name="grpo_plus_rollout_log_probs_to_loss",
-            target="verl.workers.utils.losses:ppo_loss",
-            fingerprint='fields = ["response_mask", "old_log_probs", "advantages"]',
-            upstream="ppo_loss should pass rollout_log_probs to the registered policy loss",
-            apply=_patch_ppo_loss,
-        ),
-        VerlPatch(
-            name="grpo_plus_overlong_settings_to_training_worker",
-            target="verl.workers.engine_workers:ActorRolloutRefWorker.update_actor",
-            fingerprint="self.actor.train_mini_batch(data=data)",
-            upstream="verl has no loss-mask hook between the batch and the global token count of token-mean",
-            apply=_patch_update_actor,
-        ),
-        VerlPatch(
-            name="grpo_plus_overlong_mask_before_token_count",
-            target="verl.workers.engine_workers:TrainingWorker.train_mini_batch",
-            fingerprint="dataloader = tu.make_iterator(",
-            upstream="verl has no loss-mask hook between the batch and the global token count of token-mean",
-            apply=_patch_train_mini_batch,
-        ),
-    ),
-}
-
-
 def _register_algorithms(_module) -> None:
     importlib.import_module("verl_pipe.algorithms.advantage")
     importlib.import_module("verl_pipe.algorithms.policy_loss")
@@ -230,12 +201,6 @@ def _register_algorithms(_module) -> None:
 
 
 def install() -> None:
-    """Register GRPO+ and its patches, each as soon as verl imports the module it extends."""
+    """Register GRPO+ (its patches are installed with the others, from :mod:`verl_pipe.patch_registry`)."""
     when_imported("verl.trainer.ppo.core_algos", _register_algorithms)
     add_contributor(_grpo_plus_step_metrics)
-    install_step_metrics()
-    for module_name, patches in PATCHES_BY_MODULE.items():
-        when_imported(
-            module_name,
-            lambda _module, patches=patches: APPLIED.extend(apply_patches(patches, group="GRPO+")),
-        )

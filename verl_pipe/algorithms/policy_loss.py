@@ -30,6 +30,7 @@ import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 
 from verl_pipe.algorithms.config import GRPO_PLUS, GRPOPlusLossSettings
+from verl_pipe.patch_registry import refuse_if_skipped
 
 logger = logging.getLogger("verl_pipe")
 
@@ -163,6 +164,7 @@ def compute_policy_loss_grpo_plus(
     global _warned_no_rollout_log_probs
     if config is None:
         raise ValueError("the grpo_plus policy loss needs verl's actor config (config=...)")
+    refuse_if_skipped("grpo_plus")  # before any update: never train GRPO+ without the patches it relies on
     settings = GRPOPlusLossSettings.from_actor_config(config)
     rollout_log_prob = _ROLLOUT_LOG_PROBS.get()
     if rollout_log_prob is not None and rollout_log_prob.shape != log_prob.shape:

@@ -22,7 +22,9 @@ The modelled phases (all in modelled seconds, scaled to wall seconds by ``time_s
 A real phase that takes longer than its model is not shortened: the model pads, it never subtracts.
 
 The model reaches every process (driver, rollout servers, reward workers) through the environment variable
-``VERL_PIPE_LATENCY_MODEL`` holding its JSON (put it in ``ray_kwargs.ray_init.runtime_env.env_vars``).
+``VERL_PIPE_LATENCY_MODEL`` holding its JSON; the ``hf`` rollout servers take their generation times from it
+through their timing slot (:mod:`verl_pipe.backends.cpu.generation_timing`), which names :func:`active_model`.
+:func:`worker_env_vars` gives both variables (put them in ``ray_kwargs.ray_init.runtime_env.env_vars``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional, Sequence
+
+from verl_pipe.backends.cpu.generation_timing import GENERATION_TIMING_ENV, RequestTiming
 
 LATENCY_MODEL_ENV = "VERL_PIPE_LATENCY_MODEL"
 
@@ -98,6 +102,12 @@ class LatencyModel:
         """Modelled seconds to wall-clock seconds."""
         return modelled_s * self.time_scale
 
+    def request_timing(self, prompt_ids: Sequence[int], sample_index: int) -> RequestTiming:
+        """The rollout server's timing slot: a request lasts its modelled generation (``replica_concurrency``
+        is the slot's other half); the trainer-side hooks read the modelled length back from the answer."""
+        tokens = self.response_tokens(prompt_ids, sample_index)
+        return RequestTiming(self.wall(self.generation_s(tokens)), {"modelled_response_tokens": tokens})
+
     # --- transport ----------------------------------------------------------------------------------------------
 
     def to_json(self) -> str:
@@ -127,3 +137,9 @@ def active_model() -> Optional[LatencyModel]:
             model = LatencyModel.from_mapping(json.loads(text))
         _CACHED = (raw, model)
     return _CACHED[1]
+
+
+def worker_env_vars(model_json_or_path: str) -> dict[str, str]:
+    """The environment that switches the model on in a process: its JSON (or path), and the rollout servers'
+    timing slot pointed at :func:`active_model`."""
+    return {LATENCY_MODEL_ENV: model_json_or_path, GENERATION_TIMING_ENV: f"{__name__}:active_model"}

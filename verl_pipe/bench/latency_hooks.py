@@ -1,6 +1,7 @@
 """The trainer-side half of the latency model (:mod:`verl_pipe.bench.latency`): updates, syncs, late rewards.
 
-The rollout server pads generation itself; these three version-guarded patches pad what the driver waits for,
+The rollout server pads generation itself; these version-guarded patches (declared in
+:mod:`verl_pipe.patch_registry`, ``when="latency model"``) pad what the driver waits for,
 in every V1 trainer mode alike (verl's ``sync`` and ``separate_async`` as well as ours), so a benchmark compares
 schedules, not implementations:
 
@@ -13,7 +14,9 @@ schedules, not implementations:
 * ``PPOTrainer._compute_metrics``: a wall-clock stamp per step (``bench/step_end_ts``), so a benchmark measures
   the loop's real period, metrics and logging included.
 
-They are installed only in a process whose environment switches the model on, so a normal run is untouched.
+They are installed only in a process whose environment switches the model on (``VERL_PIPE_LATENCY_MODEL``), so a
+normal run is untouched; in a benchmark run they are correctness-critical (a run without them would time the
+wrong thing), so a verl that no longer matches them stops the benchmark.
 """
 
 from __future__ import annotations
@@ -25,10 +28,8 @@ import math
 import time
 
 from verl_pipe.bench.latency import LatencyModel, active_model
-from verl_pipe.import_hooks import when_imported
-from verl_pipe.patching import VerlPatch, apply_patches, is_patched, mark_patched
+from verl_pipe.patching import fired, is_patched, mark_patched
 
-APPLIED: list[str] = []
 _TRAINER = "verl.trainer.ppo.v1.trainer_base"
 _CHECKPOINT = "verl.checkpoint_engine.base"
 
@@ -66,6 +67,7 @@ def _patch_update_actor() -> None:
     @mark_patched(original)
     @functools.wraps(original)
     def _update_actor(self, batch, metrics):
+        fired("latency_model_update_time")
         model = active_model()
         started = time.monotonic()
         result = original(self, batch, metrics)
@@ -85,6 +87,7 @@ def _patch_balance_batch() -> None:
     @mark_patched(original)
     @functools.wraps(original)
     def _balance_batch(self, batch, metrics, *args, **kwargs):
+        fired("latency_model_reward_after_generation")
         model = active_model()
         if model is not None and model.reward_after_generation:
             real = sum(not tag.get("is_padding", False) for tag in batch.tags)
@@ -105,6 +108,7 @@ def _patch_replay_buffer_poll() -> None:
     @mark_patched(original)
     @functools.wraps(original)
     def _build_replay_buffer(self):
+        fired("latency_model_replay_buffer_poll")
         buffer = original(self)
         model = active_model()
         if model is not None:
@@ -128,6 +132,7 @@ def _patch_step_clock() -> None:
 
     @functools.wraps(original)
     def _compute_metrics(self, batch, metrics, *args, **kwargs):
+        fired("latency_model_step_clock")
         # verl's step timer leaves out what runs between steps (metrics, logging); the time between these
         # stamps is the real period of the training loop, the same measure for every schedule.
         metrics["bench/step_end_ts"] = time.time()
@@ -147,6 +152,7 @@ def _patch_update_weights() -> None:
     @mark_patched(original)
     @functools.wraps(original)
     def update_weights(self, *args, **kwargs):
+        fired("latency_model_sync_time")
         model = active_model()
         started = time.monotonic()
         result = original(self, *args, **kwargs)
@@ -164,57 +170,3 @@ def _patch_update_weights() -> None:
         return result
 
     module.CheckpointEngineManager.update_weights = update_weights
-
-
-PATCHES_BY_MODULE: dict[str, tuple[VerlPatch, ...]] = {
-    _TRAINER: (
-        VerlPatch(
-            name="latency_model_update_time",
-            target=f"{_TRAINER}:PPOTrainer._update_actor",
-            fingerprint="self.actor_rollout_wg.update_actor(batch)",
-            upstream="benchmark only: verl has no hook to model the update's duration",
-            apply=_patch_update_actor,
-        ),
-        VerlPatch(
-            name="latency_model_reward_after_generation",
-            target=f"{_TRAINER}:PPOTrainer._balance_batch",
-            fingerprint="upsample_batch_to_divisible_size(batch, batch_multiple",
-            upstream="benchmark only: verl's V1 trainer always streams rule rewards; the thesis' baseline does not",
-            apply=_patch_balance_batch,
-        ),
-        VerlPatch(
-            name="latency_model_replay_buffer_poll",
-            target=f"{_TRAINER}:PPOTrainer._build_replay_buffer",
-            fingerprint="return sampler_cls(**replay_buffer_kwargs)",
-            upstream="benchmark only: verl's replay buffer poll interval (2 s) is not configurable",
-            apply=_patch_replay_buffer_poll,
-        ),
-        VerlPatch(
-            name="latency_model_step_clock",
-            target=f"{_TRAINER}:PPOTrainer._compute_metrics",
-            fingerprint='metrics.update({"training/global_step": global_steps',
-            upstream="benchmark only: verl logs no wall-clock time per step",
-            apply=_patch_step_clock,
-        ),
-    ),
-    _CHECKPOINT: (
-        VerlPatch(
-            name="latency_model_sync_time",
-            target=f"{_CHECKPOINT}:CheckpointEngineManager.update_weights",
-            fingerprint="self.build_process_group(rollout)",
-            upstream="benchmark only: verl has no hook to model the weight sync's duration",
-            apply=_patch_update_weights,
-        ),
-    ),
-}
-
-
-def install() -> None:
-    """Apply the patches when verl imports their modules, in a process that has the latency model on."""
-    if active_model() is None:
-        return
-    for module_name, patches in PATCHES_BY_MODULE.items():
-        when_imported(
-            module_name,
-            lambda _module, patches=patches: APPLIED.extend(apply_patches(patches, group="latency model")),
-        )

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
-from verl_pipe.bench.latency import LATENCY_MODEL_ENV, LatencyModel
+from verl_pipe.bench.latency import LatencyModel, worker_env_vars
 
 
 @dataclass(frozen=True)
@@ -152,13 +152,14 @@ def schedule_overrides(schedule: Schedule, cfg: BenchConfig, model_path: str, ru
         out_dir=run_dir,
     )
     train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"), seed=cfg.seed)
+    latency_env = worker_env_vars(latency_path)  # every worker: the model, and the rollout servers' timing slot
     overrides = training_overrides(quick, model_path, train_file, val_file, run_dir) + [
         f"trainer.v1.trainer_mode={schedule.trainer_mode}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts // MINIBATCHES}",
         "reward.custom_reward_function.path=pkg://verl_pipe.bench.modelled_reward",
         "reward.custom_reward_function.name=compute_score",
         f"+reward.interleaved.concurrency={cfg.reward_workers}",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.{LATENCY_MODEL_ENV}={latency_path}",
+        *(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={value}" for name, value in latency_env.items()),
         "trainer.rollout_data_dir=null",
         # The tiny model's real work should stay small beside the modelled phases (and steady under load):
         # prompts cut to their last 128 tokens; the modelled lengths do not depend on them.
@@ -345,9 +346,10 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
         "wall_s": time.time() - started,
         "out_dir": out_dir,
     }
-    from verl_pipe.bench.pipeline_plot import plot_schedules
+    from verl_pipe.bench.schedule_lanes import schedule_panels
+    from verl_pipe.plot import plot_schedules
 
-    report["timeline_png"] = plot_schedules(report, os.path.join(out_dir, "schedules.png"))
+    report["timeline_png"] = plot_schedules(schedule_panels(report), os.path.join(out_dir, "schedules.png"))
     return report
 
 

@@ -19,6 +19,7 @@ import torch
 
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
+from verl_pipe.patching import fired
 from verl_pipe.backends.cpu.hf_server import HFRolloutServer, server_actor_name
 from verl_pipe.compat import SetupError
 
@@ -67,6 +68,7 @@ class HFServerAdapter(BaseRollout):
 
     def __init__(self, config, model_config, device_mesh, replica_rank: int = -1, **kwargs: Any):
         super().__init__(config, model_config, device_mesh)
+        fired("hf_rollout_server_adapter")  # verl found us through the adapter-table entry we write
         if device_mesh is not None:  # hybrid: one replica per data-parallel rank
             self.replica_rank = device_mesh["dp"].get_local_rank()
         else:  # a checkpoint-engine worker of a standalone/colocated replica is told its rank

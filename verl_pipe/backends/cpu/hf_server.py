@@ -24,8 +24,8 @@ from typing import Any, Optional
 import ray
 import torch
 
+from verl_pipe.backends.cpu.generation_timing import GenerationTiming, generation_timing
 from verl_pipe.backends.cpu.hf_generation import BatchedGenerator, GenerationRequest, GenerationResult
-from verl_pipe.bench.latency import active_model
 
 logger = logging.getLogger("verl_pipe.hf_server")
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))  # verl's own verbosity switch; INFO logs every batch
@@ -98,9 +98,9 @@ class HFRolloutServer:
         self._rejecting = False
         self._staged_weights: dict[str, torch.Tensor] = {}
         self._loop_task: Optional[asyncio.Task] = None
-        # Latency model (benchmarks only; verl_pipe.bench.latency): requests decoding at once, and how many
-        # requests each prompt has had, which picks each request's modelled response length.
-        self._modelled_slots: Optional[asyncio.Semaphore] = None
+        # Generation timing (benchmarks only; :mod:`.generation_timing`): requests timed at once, and how many
+        # requests each prompt has had, which the timing uses to tell a prompt's samples apart.
+        self._timed_slots: Optional[asyncio.Semaphore] = None
         self._prompt_requests: dict[tuple[int, ...], int] = {}
         self.stats = {"batches": 0, "requests": 0, "max_batch": 0, "tokens": 0, "weight_updates": 0}
 
@@ -142,12 +142,12 @@ class HFRolloutServer:
             top_p=float(sampling_params.get("top_p", 1.0)),
             top_k=int(sampling_params.get("top_k", -1) or -1),
         )
-        model = active_model()
-        if model is None:
+        timing = generation_timing()
+        if timing is None:
             result: GenerationResult = await self._run(request)
             extra_fields = {}
         else:
-            result, extra_fields = await self._run_modelled(request, model)
+            result, extra_fields = await self._run_timed(request, timing)
         want_log_probs = bool(sampling_params.get("logprobs", False))
         return TokenOutput(
             token_ids=result.token_ids,
@@ -164,27 +164,29 @@ class HFRolloutServer:
         self._ensure_loop()
         return await future
 
-    async def _run_modelled(self, request: GenerationRequest, model) -> tuple[GenerationResult, dict[str, Any]]:
-        """Generate for real, then hold the answer until the modelled GPU replica would have finished it.
+    async def _run_timed(
+        self, request: GenerationRequest, timing: GenerationTiming
+    ) -> tuple[GenerationResult, dict[str, Any]]:
+        """Generate for real, then hold the answer until the time ``timing`` gives the request has passed.
 
-        The request occupies one of the replica's ``replica_concurrency`` decode slots from its start to its
-        modelled end; requests beyond that wait for a slot, as on a saturated vLLM replica.
+        The request occupies one of the replica's ``replica_concurrency`` slots from its start to its timed
+        end; requests beyond that wait for a slot, as on a saturated vLLM replica.
         """
-        if self._modelled_slots is None:
-            self._modelled_slots = asyncio.Semaphore(model.replica_concurrency)
+        if self._timed_slots is None:
+            self._timed_slots = asyncio.Semaphore(timing.replica_concurrency)
         prompt_key = tuple(request.prompt_ids)
         index = self._prompt_requests.get(prompt_key, 0)
         self._prompt_requests[prompt_key] = index + 1
-        tokens = model.response_tokens(request.prompt_ids, index)
+        wall_s, extra_fields = timing.request_timing(request.prompt_ids, index)
         loop = asyncio.get_running_loop()
-        async with self._modelled_slots:
+        async with self._timed_slots:
             started = loop.time()
             result = await self._run(request)
-            # The tokens came from the weights loaded now; a sync during the modelled wait must not retag them.
+            # The tokens came from the weights loaded now; a sync during the timed wait must not retag them.
             generated_by = self.global_steps
             if result.finish_reason != "abort":  # an aborted request returns at once, as on a real server
-                await asyncio.sleep(max(0.0, started + model.wall(model.generation_s(tokens)) - loop.time()))
-        return result, {"modelled_response_tokens": tokens, "global_steps": generated_by}
+                await asyncio.sleep(max(0.0, started + wall_s - loop.time()))
+        return result, {**extra_fields, "global_steps": generated_by}
 
     async def _gather(self) -> None:
         loop = asyncio.get_running_loop()

@@ -4,6 +4,11 @@ These are the knobs, and only the knobs, that differ from a GPU run: device and 
 an accelerator), SDPA attention (flash-attention is CUDA-only), the ``hf`` rollout with one process per replica,
 and Ray sizing that places on a 2-core machine (Ray CPUs are logical, so over-subscription is safe; one
 TransferQueue storage unit instead of eight). Everything else in the user's config is left alone.
+
+With ``sampler_ranks`` set, the list also lays out a separate rollout pool for the trainer modes that keep samplers
+and trainer apart (verl's ``separate_async``, verl-pipe's ``one_off_pipeline`` / ``minibatch_pipeline``), with the
+plugin's ``gloo`` checkpoint engine between the pools: verl's ``naive`` engine only reaches rollout workers in the
+trainer's own processes, and ``nccl`` needs GPUs.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from typing import Optional
 class CpuBackendConfig:
     # Trainer ranks (FSDP2 over gloo); each becomes one rollout replica in colocated (hybrid) mode.
     ranks: int = 1
+    # Ranks of a separate rollout (sampler) pool. 0: no such pool; the rollout replicas live in the trainer ranks
+    # (hybrid engine) and the pool and weight-sync keys of the user's config are left alone.
+    sampler_ranks: int = 0
     # Logical CPUs Ray advertises: enough for every actor verl starts, whatever the real core count.
     ray_num_cpus: int = 16
     # Agent-loop and reward-loop actors; one of each is plenty for a CPU run and keeps start-up short.
@@ -28,10 +36,16 @@ class CpuBackendConfig:
     def validate(self) -> None:
         if self.ranks < 1:
             raise ValueError(f"ranks must be >= 1, got {self.ranks} (trainer.n_gpus_per_node on the CPU backend)")
-        if self.ray_num_cpus < self.ranks + 4:
+        if self.sampler_ranks < 0:
             raise ValueError(
-                f"ray_num_cpus={self.ray_num_cpus} cannot place {self.ranks} ranks plus verl's service actors: "
-                f"use at least {self.ranks + 4}"
+                f"sampler_ranks must be >= 0, got {self.sampler_ranks} "
+                "(actor_rollout_ref.rollout.n_gpus_per_node of a separate rollout pool; 0: colocated)"
+            )
+        needed = self.ranks + self.sampler_ranks + 4
+        if self.ray_num_cpus < needed:
+            raise ValueError(
+                f"ray_num_cpus={self.ray_num_cpus} cannot place {self.ranks} trainer and {self.sampler_ranks} "
+                f"sampler ranks plus verl's service actors: use at least {needed}"
             )
 
 
@@ -62,4 +76,15 @@ def cpu_backend_overrides(cfg: CpuBackendConfig = CpuBackendConfig()) -> list[st
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         # Dataloader worker processes only add start-up time and a noisy kill at shutdown on a small CPU box.
         "data.dataloader_num_workers=0",
+        *(separate_pool_overrides(cfg.sampler_ranks) if cfg.sampler_ranks else []),
+    ]
+
+
+def separate_pool_overrides(sampler_ranks: int) -> list[str]:
+    """A rollout pool of its own (one node of ``sampler_ranks`` CPU ranks) and the weight sync across the pools."""
+    return [
+        "actor_rollout_ref.hybrid_engine=False",
+        "actor_rollout_ref.rollout.nnodes=1",
+        f"actor_rollout_ref.rollout.n_gpus_per_node={sampler_ranks}",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
     ]

@@ -1,14 +1,14 @@
-"""The few monkeypatches verl 0.9.x needs to run its real dataflow on the CPU platform.
+"""The code of the few patches verl 0.9.x needs to run its real dataflow on the CPU platform.
 
-Each is a :class:`~verl_pipe.patching.VerlPatch` (fingerprinted, version-guarded). They apply only when
-``VERL_PLATFORM=cpu`` and only on a supported verl version; on GPU nothing here runs.
+Each is declared, fingerprinted and explained in :mod:`verl_pipe.patch_registry` (``when="cpu platform"``): they
+apply only when ``VERL_PLATFORM=cpu`` and only on a supported verl version; on GPU nothing here runs.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from verl_pipe.patching import VerlPatch, apply_patches, is_patched
+from verl_pipe.patching import fired, is_patched
 from verl_pipe.patching import mark_patched as _mark
 
 
@@ -25,6 +25,7 @@ def _patch_resource_check() -> None:
 
     @_mark(original)
     def _check_resource_available(self):
+        fired("resource_check_counts_cpus")
         available = ray._private.state.available_resources_per_node()
         total_cpus = sum(node.get("CPU", 0) for node in available.values())
         required = sum(n for nodes in self.resource_pool_spec.values() for n in nodes)
@@ -51,6 +52,7 @@ def _patch_gloo_backend() -> None:
 
     @_mark(original)
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        fired("gloo_backend_string")
         # torch rejects a backend string that names the cpu device twice.
         return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
 
@@ -75,6 +77,7 @@ def _patch_offload_pin_memory() -> None:
     class UnpinnedCPUOffloadPolicy(policy_cls):
         # Pinning needs an accelerator runtime; on a CPU-only host torch raises instead.
         def __init__(self, pin_memory: bool = True):
+            fired("fsdp2_offload_without_pinning")
             super().__init__(pin_memory=False)
 
     transformer_impl.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
@@ -92,6 +95,7 @@ def _patch_valuehead_attention() -> None:
 
     @_mark(original)
     def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+        fired("valuehead_attention_from_config")
         from transformers import AutoModelForTokenClassification
 
         # Honour the attention implementation the config already carries (sdpa on CPU).
@@ -110,40 +114,3 @@ def _patch_valuehead_attention() -> None:
             return original(local_path, torch_dtype, model_config, trust_remote_code)
 
     model_utils.load_valuehead_model = load_valuehead_model
-
-
-CPU_PATCHES: tuple[VerlPatch, ...] = (
-    VerlPatch(
-        name="resource_check_counts_cpus",
-        target="verl.single_controller.ray.base:ResourcePoolManager._check_resource_available",
-        fingerprint='node_info.get("GPU", 0) if "GPU" in node_info else node_info.get("NPU", 0)',
-        upstream="ResourcePoolManager should count get_platform().ray_resource_name(), not GPU/NPU only",
-        apply=_patch_resource_check,
-    ),
-    VerlPatch(
-        name="gloo_backend_string",
-        target="verl.utils.distributed:initialize_global_process_group_ray",
-        fingerprint='f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"',
-        upstream="initialize_global_process_group_ray should not repeat 'cpu:gloo' when the device is cpu",
-        apply=_patch_gloo_backend,
-    ),
-    VerlPatch(
-        name="fsdp2_offload_without_pinning",
-        target="verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_fsdp_module",
-        fingerprint="CPUOffloadPolicy(pin_memory=True)",
-        upstream="FSDPEngine should pin offloaded memory only when an accelerator is present",
-        apply=_patch_offload_pin_memory,
-    ),
-    VerlPatch(
-        name="valuehead_attention_from_config",
-        target="verl.utils.model:load_valuehead_model",
-        fingerprint='attn_implementation="flash_attention_2"',
-        upstream="load_valuehead_model should take attn_implementation from the model config",
-        apply=_patch_valuehead_attention,
-    ),
-)
-
-
-def apply_cpu_patches() -> list[str]:
-    """Apply every CPU patch whose target still matches; returns the names applied."""
-    return apply_patches(CPU_PATCHES, group="CPU")

@@ -3,7 +3,7 @@
 Each recipe script builds one hydra override list and hands it either to verl's stock entrypoint or here::
 
     python -m verl.trainer.main_ppo "${OVERRIDES[@]}"                                   # the run
-    python -m verl_pipe.recipes dry-run [--json] [--recipe NAME --stage N --stages 16384,32768] \\
+    python -m verl_pipe.recipe_check dry-run [--json] [--recipe NAME --stage N --stages 16384,32768] \\
         [--cluster-gpus 32] -- "${OVERRIDES[@]}"                                         # DRY_RUN=1
 
 The dry run goes through the checks the real run meets before (or soon after) its GPUs are busy:
@@ -510,7 +510,7 @@ def format_summary(s: RecipeSummary) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m verl_pipe.recipes", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m verl_pipe.recipe_check", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     dry = sub.add_parser("dry-run", help="compose and validate a recipe's overrides against verl's config, no GPU")
     dry.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")

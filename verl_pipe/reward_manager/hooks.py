@@ -2,8 +2,9 @@
 
 * The manager registers when verl imports its reward-manager registry package, which is also what verl's
   ``RewardManagerConfig`` does on the driver before it checks the configured name.
-* V1 trainer: ``PPOTrainer._compute_metrics`` reads only tensors from TransferQueue; the patch also reads each
-  sample's ``extra_fields.reward_extra_info`` and adds ``reward/*`` (:mod:`verl_pipe.rewards.metrics`).
+* V1 trainer: ``PPOTrainer._compute_metrics`` reads only tensors from TransferQueue; the patch (declared in
+  :mod:`verl_pipe.patch_registry`) also reads each sample's ``extra_fields.reward_extra_info`` and adds
+  ``reward/*`` (:mod:`verl_pipe.reward_manager.metrics`).
 * Legacy trainer: the reward info arrives as top-level non-tensor fields of the batch;
   :func:`legacy_batch_reward_metrics` is a :mod:`verl_pipe.step_metrics` contributor.
 """
@@ -17,8 +18,8 @@ from typing import Any
 
 from verl_pipe import step_metrics
 from verl_pipe.import_hooks import when_imported
-from verl_pipe.patching import VerlPatch, apply_patches, is_patched, mark_patched
-from verl_pipe.rewards.metrics import TIMING_KEYS, reward_step_metrics
+from verl_pipe.patching import fired, is_patched, mark_patched
+from verl_pipe.reward_manager.metrics import TIMING_KEYS, reward_step_metrics
 
 logger = logging.getLogger("verl_pipe")
 
@@ -27,11 +28,11 @@ _V1_MODULE = "verl.trainer.ppo.v1.trainer_base"
 
 
 def _register_manager(_module) -> None:
-    importlib.import_module("verl_pipe.rewards.interleaved")
+    importlib.import_module("verl_pipe.reward_manager.interleaved")
     APPLIED.append("interleaved registered")
 
 
-def _v1_reward_infos(batch: Any) -> list[dict[str, Any]]:
+def v1_reward_infos(batch: Any) -> list[dict[str, Any]]:
     import transfer_queue as tq
 
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
@@ -49,8 +50,9 @@ def _patch_v1_compute_metrics() -> None:
     @functools.wraps(original)
     def _compute_metrics(self, batch, metrics, *args, **kwargs):
         result = original(self, batch, metrics, *args, **kwargs)
+        fired("interleaved_reward_step_metrics@v1")
         try:
-            metrics.update(reward_step_metrics(_v1_reward_infos(batch)))
+            metrics.update(reward_step_metrics(v1_reward_infos(batch)))
         except Exception as error:  # noqa: BLE001 - metrics must never stop training; say so once per step
             logger.warning("verl-pipe: reward step metrics skipped: %s: %s", type(error).__name__, error)
         return result
@@ -68,19 +70,6 @@ def legacy_batch_reward_metrics(batch: Any) -> dict[str, float]:
     return reward_step_metrics([{key: fields[key][i] for key in keys} for i in range(n)])
 
 
-PATCHES: tuple[VerlPatch, ...] = (
-    VerlPatch(
-        name="interleaved_reward_step_metrics@v1",
-        target=f"{_V1_MODULE}:PPOTrainer._compute_metrics",
-        fingerprint='"token_level_rewards"',
-        upstream="V1 step metrics do not read the reward managers' per-sample reward_extra_info",
-        apply=_patch_v1_compute_metrics,
-    ),
-)
-
-
 def install() -> None:
     when_imported("verl.experimental.reward_loop.reward_manager", _register_manager)
     step_metrics.add_contributor(legacy_batch_reward_metrics)
-    step_metrics.install()
-    when_imported(_V1_MODULE, lambda _module: APPLIED.extend(apply_patches(PATCHES, group="interleaved reward")))

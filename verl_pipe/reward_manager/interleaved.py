@@ -14,10 +14,10 @@ threads start hundreds of sandboxes at once on a node whose cores are busy gener
 * returns ``verl_pipe.reward_score``'s per-sample outcome and ``sandbox_error`` flag with each sample (GRPO+'s
   environment-failure filter reads them), plus its timing: ``reward_queue_s`` (waiting for a slot),
   ``reward_time_s`` (scoring) and the wall-clock ``reward_{enqueue,start,end}_ts`` the step metrics use
-  to measure how much reward time was hidden behind generation (:mod:`verl_pipe.rewards.metrics`).
+  to measure how much reward time was hidden behind generation (:mod:`verl_pipe.reward_manager.metrics`).
 
 * guards each sample: our ``compute_score`` runs in scoring processes of its own
-  (:mod:`verl_pipe.rewards.scoring_processes`), so a scoring process that dies costs only its sample; a score
+  (:mod:`verl_pipe.reward_manager.scoring_processes`), so a scoring process that dies costs only its sample; a score
   that raises or dies is tried once more, then the sample gets outcome ``internal_error`` and score 0 (logged
   once per kind); a score that outlives ``sample_deadline_s`` gets the same. One sample never fails the step.
 
@@ -48,7 +48,7 @@ from verl.utils.reward_score import default_compute_score
 
 from verl_pipe.reward_score import INTERNAL_ERROR_RESULT
 from verl_pipe.reward_score.pool import default_concurrency
-from verl_pipe.rewards.scoring_processes import ScoringProcesses
+from verl_pipe.reward_manager.scoring_processes import ScoringProcesses
 
 MANAGER_NAME = "interleaved"
 logger = logging.getLogger(__name__)

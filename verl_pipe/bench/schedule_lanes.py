@@ -1,10 +1,10 @@
-"""The benchmark's side-by-side picture: each schedule's measured steps on one time axis, sampler over trainer.
+"""The lanes of the benchmark's side-by-side picture: each schedule's measured steps, sampler over trainer.
 
 For our pipelined modes both lanes come from the run's own ``timeline.json`` (:mod:`verl_pipe.trainers.timeline`).
 verl's modes write no timeline, so their trainer lane is rebuilt from verl's per-step records: each step runs
 from the previous step's wall-clock stamp to its own, waiting for samples first (``timing_s/gen``), then
 scoring late rewards (the baseline), training, and syncing at the end; in the colocated ``sync`` mode the
-sampler generates exactly while the trainer waits.
+sampler generates exactly while the trainer waits. :func:`verl_pipe.plot.plot_schedules` draws them.
 """
 
 from __future__ import annotations
@@ -14,14 +14,6 @@ import os
 from typing import Any
 
 from verl_pipe.trainers.timeline import Interval, load_trace, trace_origin
-
-_COLOURS = {
-    "wait for samples": "#d9d9d9",
-    "late reward": "#ff7f0e",
-    "train": "#1f77b4",
-    "sync": "#d62728",
-    "generate": "#2ca02c",
-}
 
 
 def _step_records(run_dir: str) -> list[dict]:
@@ -67,13 +59,8 @@ def traced_lanes(run_dir: str, records: list[dict], warmup_steps: int) -> list[I
     return intervals
 
 
-def plot_schedules(report: dict[str, Any], out_png: str) -> str:
-    """One panel per (profile, schedule), all on the same seconds-since-the-measured-window axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def schedule_panels(report: dict[str, Any]) -> list[tuple[str, float, list[Interval]]]:
+    """One ``(title, origin, intervals)`` panel per run of the report: its measured steps, from ``origin``."""
     warmup = int(report["config"]["warmup_steps"])
     panels = []
     for run in report["runs"]:
@@ -85,18 +72,4 @@ def plot_schedules(report: dict[str, Any], out_png: str) -> str:
             intervals = rebuilt_lanes(records, warmup, colocated=run["schedule"].startswith("verl_sync"))
         origin = float(records[warmup - 1]["bench/step_end_ts"])
         panels.append((f"{run['profile']} / {run['schedule']}", origin, intervals))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 1.1 * len(panels) + 1.0), sharex=True, squeeze=False)
-    for ax, (title, origin, intervals) in zip(axes[:, 0], panels):
-        for lane, track in enumerate(("trainer", "sampler")):
-            for item in (i for i in intervals if i.track == track):
-                ax.broken_barh([(item.start - origin, max(item.end - item.start, 1e-3))], (lane - 0.4, 0.8),
-                               color=_COLOURS.get(item.name, "#8c564b"))  # fmt: skip
-        ax.set_yticks([0, 1], ["trainer", "sampler"])
-        ax.set_title(title, fontsize=8, loc="left")
-    axes[-1, 0].set_xlabel("seconds since the first measured step began")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLOURS.values()]
-    fig.legend(handles, list(_COLOURS), loc="lower center", ncol=len(_COLOURS), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return panels

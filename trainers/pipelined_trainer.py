@@ -1,0 +1,179 @@
+"""The base of both pipelined trainer modes, on top of verl's ``separate_async`` trainer.
+
+verl's ``PPOTrainerSeparateAsync`` already runs a standalone sampler pool beside the trainer pool, streams
+finished prompt groups through TransferQueue, keeps pi_old fixed across minibatches (``DetachActorWorker``) and
+syncs weights through a checkpoint engine. The pipelined modes keep all of that and add, each in its module:
+
+* start-up checks that name the key and the fix (:mod:`.layout_checks`);
+* a replay buffer that picks finished groups up within ``poll_interval_s`` (verl's polls every 2 s) and hands
+  out the longest finished groups first (:mod:`.replay_buffer`), named in verl's custom-sampler slot
+  (:mod:`.sampler_slot`);
+* sample filters (staleness, environment failures, uniform-reward groups) before any log-prob is computed
+  (:mod:`.sample_filters`, and the step's record of what they dropped: :mod:`.filtered_samples`);
+* a per-step ledger (prompts consumed and trained, the policy versions that generated each sample, phase times:
+  :mod:`.step_ledger`), per-step metrics (``pipeline/trainer_bubble_frac``, ``pipeline/sampler_idle_frac``,
+  ``pipeline/time/*``, ``pipeline/staleness_hist/*``) and a timeline of samplers, reward workers and trainer
+  (:mod:`.timeline_recorder`, :mod:`.timeline`).
+
+This class holds the schedule's building blocks the modes share (tagged submission, waiting for an idle
+sampler, weight sync) and wires the pieces above into verl's step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+from omegaconf import open_dict
+
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl_pipe.trainers.config import PipelineConfig
+from verl_pipe.trainers.filtered_samples import FilteredSamples
+from verl_pipe.trainers.layout_checks import check_layout
+from verl_pipe.trainers.sample_filters import is_padding_only
+from verl_pipe.trainers.sampler_slot import select_pipeline_replay_buffer
+from verl_pipe.trainers.step_ledger import StepLedger
+from verl_pipe.trainers.timeline import Timeline
+from verl_pipe.trainers.timeline_recorder import TimelineRecorder
+
+
+class PipelinedTrainer(PPOTrainerSeparateAsync):
+    """Base of ``minibatch_pipeline`` and ``one_off_pipeline``; subclasses set ``MODE`` and the schedule."""
+
+    MODE = ""
+
+    def __init__(self, config):
+        self.pipeline_cfg = PipelineConfig.from_section(self.MODE, config.trainer.v1.get(self.MODE, {}))
+        self._check_layout(config)
+        minibatches = config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size
+        with open_dict(config):
+            # verl's separate_async constructor asserts this identity on its own section.
+            config.trainer.v1.separate_async.parameter_sync_step = minibatches
+            config.trainer.v1.separate_async.num_warmup_batches = 0
+            config.trainer.v1.separate_async.hybrid_rollout.enable_switch = False
+            if self.MODE not in config.trainer.v1:
+                config.trainer.v1[self.MODE] = {}
+            config.trainer.v1[self.MODE].parameter_sync_step = self.parameter_sync_step_for(config)
+        select_pipeline_replay_buffer(config)  # verl's constructor builds the buffer the config names
+        super().__init__(config)
+        ledger_path = self._resolve_path(self.pipeline_cfg.ledger_path, "pipeline_ledger.jsonl")
+        self._ledger = StepLedger(ledger_path, self.MODE) if ledger_path else None
+        timeline_path = self._resolve_path(self.pipeline_cfg.timeline_path, "timeline.json")
+        self._timeline = TimelineRecorder(Timeline(timeline_path) if timeline_path else None)
+        self._filtered = FilteredSamples()
+
+    def _resolve_path(self, configured, default_name: str):
+        if configured == "":
+            return None
+        return configured or os.path.join(self.config.trainer.default_local_dir, default_name)
+
+    # --- start-up checks ----------------------------------------------------------------------------------------
+
+    def parameter_sync_step_for(self, config) -> int:
+        """Optimizer steps per iteration as verl's step() counts them (one sample-and-update round each)."""
+        raise NotImplementedError
+
+    def _check_layout(self, config) -> None:
+        check_layout(self.MODE, self.pipeline_cfg, config)
+
+    # --- sample filters ------------------------------------------------------------------------------------------
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        # verl's step balances each batch as it leaves the replay buffer, before any log-prob: filtering here
+        # keeps the dropped samples out of every forward pass. verl's balancing then pads the survivors.
+        batch = self._filtered.filter(batch, self.pipeline_cfg, trainer_version=self.global_steps - 1)
+        return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+
+    def _update_actor(self, batch, metrics):
+        if is_padding_only(batch):  # every sample was filtered: an optimizer step would only replay momentum
+            self._filtered.skip_update()
+            return batch
+        return super()._update_actor(batch, metrics)
+
+    # --- waiting on the sampler ---------------------------------------------------------------------------------
+
+    def _sampler_idle(self) -> bool:
+        return self.replay_buffer.inflight_count() == 0
+
+    def _wait_sampler_idle(self) -> float:
+        """Block until no prompt is pending or running; returns the seconds waited."""
+        started = time.perf_counter()
+        while not self._sampler_idle():
+            time.sleep(self.pipeline_cfg.poll_interval_s)
+        return time.perf_counter() - started
+
+    def _submit_tagged(self, step: int, num_prompts: int) -> None:
+        """Submit prompts tagged with the step that will train them (verl tags the current step).
+
+        The replay buffer hands out the lowest tag first, so a prefetched batch that happens to finish early
+        can never be taken in place of the batch whose turn it is.
+        """
+        current = self.global_steps
+        self.global_steps = step
+        try:
+            self._timeline.batch_submitted(step)
+            self._add_prompts_to_generate(num_prompts)
+        finally:
+            self.global_steps = current
+
+    def _sync_weights(self, version: int, inside_gen_timer: bool = False) -> None:
+        """Push the trainer's weights v_``version`` to the sampler pool through the checkpoint engine (sampler idle).
+
+        ``version`` becomes the samplers' tag on everything they generate next, so it must be the number of
+        updates in the weights sent, not the current step (a sync that waited for the sampler happens during the
+        next step, while the trainer still holds the previous step's weights).
+        """
+        resume = self._timeline.current_phase
+        self._phase("sync")
+        started = time.perf_counter()
+        self._pending_sync_metrics = dict(self.standalone_checkpoint_manager.update_weights(version) or {})
+        seconds = time.perf_counter() - started
+        self._phase(resume)
+        self._timeline.add_seconds("sync", seconds)
+        if inside_gen_timer:  # verl's "gen" timer is running: keep the sync out of the trainer's wait for samples
+            self._timeline.add_seconds("sync_inside_gen", seconds)
+
+    # --- the trainer's timeline track ------------------------------------------------------------------------------
+
+    def _phase(self, name: str | None) -> None:
+        """Close the trainer's current interval and open ``name`` (None: the trainer is between phases)."""
+        self._timeline.enter(name)
+
+    def on_sample_begin(self):
+        super().on_sample_begin()
+        self._phase("wait for samples")
+
+    def on_sample_end(self):
+        super().on_sample_end()
+        self._phase("train")
+
+    def on_validate_begin(self):
+        super().on_validate_begin()
+        self._phase("validate")
+
+    def on_validate_end(self):
+        super().on_validate_end()
+        self._phase(None)
+
+    # --- per-step metrics and ledger ----------------------------------------------------------------------------
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(self._filtered.batch_for_verl_metrics(batch), metrics, timing_raw, global_steps, epoch)
+        real = [tag for tag in batch.tags if not tag.get("is_padding", False)]
+        trained_keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+        consumed_keys, consumed_tags = self._filtered.consumed(trained_keys, real)
+        staleness = np.array([(global_steps - 1) - int(tag["max_global_steps"]) for tag in real], dtype=int)
+        for value, count in Counter(staleness.tolist()).items():
+            metrics[f"pipeline/staleness_hist/{value}"] = count
+        metrics.update(self._timeline.time_metrics(timing_raw))
+        metrics["pipeline/prompts_trained"] = len({key.split("_")[0] for key in trained_keys})
+        metrics["pipeline/prompts_consumed"] = len({key.split("_")[0] for key in consumed_keys})
+        metrics.update(self._filtered.count_metrics())
+        consumed = SimpleNamespace(keys=consumed_keys, partition_id=batch.partition_id)
+        self._timeline.record_step(consumed, consumed_tags, metrics, self.replay_buffer)
+        if self._ledger is not None:
+            self._ledger.write(global_steps, batch.partition_id, trained_keys, consumed_keys, consumed_tags, metrics)
+        self._filtered.clear(batch.partition_id)

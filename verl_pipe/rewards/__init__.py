@@ -1,1 +1,0 @@
-"""verl-side reward plumbing: the ``interleaved`` reward manager and the step metrics it feeds."""
