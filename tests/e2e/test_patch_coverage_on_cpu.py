@@ -22,6 +22,9 @@ RUN_FILES = (
     "tests/e2e/test_pipelined_trainers_e2e_on_cpu.py",
     "tests/bench/test_bench_pipeline_on_cpu.py",
 )
+# The conditions the suite's runs create (every run is on the CPU platform; the benchmark's turn the latency
+# model on). Patches for other conditions (an optional engine that is not installed) are not required here.
+SUITE_CONDITIONS = ("always", "cpu platform", "latency model")
 # Patches no CPU run can call, with the test that covers each instead.
 NOT_CALLED_IN_CPU_RUNS = {
     # It acts only on a machine with no accelerator *and* no VERL_PLATFORM; every run here sets VERL_PLATFORM.
@@ -47,8 +50,10 @@ def test_every_patch_applies_and_runs_in_the_end_to_end_runs(request):
     if request.session.testsfailed:
         pytest.skip("an earlier run failed; its patches may not have run")
     events = _ledger()
-    names = {patch.name for patch in PATCHES}
-    assert not events.get("skipped"), f"patches skipped in a run: {events['skipped']}"
+    names = {patch.name for patch in PATCHES if patch.when in SUITE_CONDITIONS}
+    registered = {patch.name for patch in PATCHES}
+    skipped = events.get("skipped", set()) & registered  # unit tests skip made-up stale patches on purpose
+    assert not skipped, f"registered patches skipped in a run (verl's code no longer matches): {skipped}"
     never_applied = names - events.get("applied", set())
     assert not never_applied, f"registered patches that no end-to-end run applied: {sorted(never_applied)}"
     never_called = names - events.get("fired", set()) - set(NOT_CALLED_IN_CPU_RUNS)
