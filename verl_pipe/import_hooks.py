@@ -59,19 +59,24 @@ class _CallbackLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
+def spec_with_wrapped_loader(skip, fullname, path, target, wrap: Callable):
+    """The spec the other meta-path finders (all but ``skip``) give ``fullname``, its loader wrapped by ``wrap``."""
+    for finder in sys.meta_path:
+        if finder is skip or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(fullname, path, target)
+        if spec is not None:
+            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = wrap(spec.loader)
+            return spec
+    return None
+
+
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname not in _CALLBACKS:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _CallbackLoader(spec.loader, fullname)
-                return spec
-        return None
+        return spec_with_wrapped_loader(self, fullname, path, target, lambda loader: _CallbackLoader(loader, fullname))
 
 
 _FINDER = _PostImportFinder()

@@ -32,7 +32,6 @@ from verl_pipe.patching import fired, is_patched, mark_patched
 from verl_pipe.step_metrics import add_contributor
 
 
-APPLIED: list[str] = []
 
 
 
@@ -197,7 +196,6 @@ def _grpo_plus_step_metrics(_batch) -> dict[str, float]:
 def _register_algorithms(_module) -> None:
     importlib.import_module("verl_pipe.algorithms.advantage")
     importlib.import_module("verl_pipe.algorithms.policy_loss")
-    APPLIED.append("grpo_plus registered")
 
 
 def install() -> None:

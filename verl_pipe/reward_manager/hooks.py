@@ -23,13 +23,11 @@ from verl_pipe.reward_manager.metrics import TIMING_KEYS, reward_step_metrics
 
 logger = logging.getLogger("verl_pipe")
 
-APPLIED: list[str] = []
 _V1_MODULE = "verl.trainer.ppo.v1.trainer_base"
 
 
 def _register_manager(_module) -> None:
     importlib.import_module("verl_pipe.reward_manager.interleaved")
-    APPLIED.append("interleaved registered")
 
 
 def v1_reward_infos(batch: Any) -> list[dict[str, Any]]:

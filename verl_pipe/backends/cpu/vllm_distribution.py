@@ -23,6 +23,7 @@ import sys
 import threading
 from functools import lru_cache
 
+from verl_pipe.import_hooks import spec_with_wrapped_loader
 from verl_pipe.patching import fired
 
 # The verl modules whose import-time check looks up the distribution "vllm", with their patch names.
@@ -100,15 +101,7 @@ class _CpuBuildFinder(importlib.abc.MetaPathFinder):
         patch_name = GUARDED_MODULES.get(fullname)
         if patch_name is None or cpu_build_version() is None:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _CpuBuildLoader(spec.loader, patch_name)
-                return spec
-        return None
+        return spec_with_wrapped_loader(self, fullname, path, target, lambda loader: _CpuBuildLoader(loader, patch_name))
 
 
 _FINDER = _CpuBuildFinder()
