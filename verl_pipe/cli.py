@@ -1,11 +1,11 @@
 """The ``verl-pipe`` command: utilities around verl runs (training itself stays ``python -m verl.trainer.main_ppo``).
 
-verl-pipe quickstart [--model smollm2|tiny|PATH] [--steps N] [--mode sync|separate_async|one_off_pipeline|minibatch_pipeline] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
+verl-pipe quickstart [--model smollm2|tiny|PATH] [--rollout hf|vllm] [--steps N] [--mode sync|separate_async|one_off_pipeline|minibatch_pipeline] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
 verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]   (or verl's own metrics log; or a timeline.json: a Gantt PNG)
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
-verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--steps 3] [--unit-s 4] [--out report.json]
+verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--steps 3] [--unit-s 4] [--rollout hf|vllm] [--out report.json]
 verl-pipe bench size [--gpus 32] [--gpu h100] [--params-b 14] [--prompts 64] [--samples 8] [--max-len 16384]
 verl-pipe data prepare deepcoder --src DIR --out DIR [--test-store PATH] | data prepare deepscaler --src FILE --out DIR
 verl-pipe data curate --src DIR --out DIR [--workers N]
@@ -84,6 +84,7 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         seed=args.seed,
         out_dir=args.out_dir,
         ray_address=args.ray_address,
+        rollout=args.rollout,
     )
     report = run_bench(cfg)
     return _print_report(format_report(report), report, args.out)
@@ -165,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(TRAINER_MODES),
         help="V1 trainer mode (default sync); sets its pools and weight sync on the CPU backend (see below)",
     )
+    qs.add_argument(
+        "--rollout",
+        choices=["hf", "vllm"],
+        help="rollout engine: hf (default, the plugin's server) or vllm (verl's vLLM rollout; make install-vllm)",
+    )
     qs.add_argument("--trainer", choices=["v1", "legacy"], help="v1 (default) or verl's legacy trainer (sync only)")
     qs.add_argument("--algorithm", choices=["grpo_plus", "grpo"], help="grpo_plus (default) or verl's grpo")
     qs.add_argument("--steps", type=int)
@@ -224,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--seed", type=int, default=0)
     pipe.add_argument("--out-dir", dest="out_dir", help="where the runs go (default: runs/bench-pipeline-<time>)")
     pipe.add_argument("--ray-address", dest="ray_address", help="join this Ray cluster instead of starting one")
+    pipe.add_argument(
+        "--rollout", choices=["hf", "vllm"], default="hf", help="rollout engine of every run (vllm: make install-vllm)"
+    )
     pipe.add_argument("--out", help="also write the report as JSON")
     pipe.set_defaults(func=_bench_pipeline)
 

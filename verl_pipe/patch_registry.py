@@ -277,6 +277,29 @@ PATCHES: tuple[VerlPatch, ...] = (
         critical_when="latency model",
         consequence="the benchmark would time weight syncs at CPU speed, not the modelled cluster's",
     ),
+    VerlPatch(
+        name="latency_model_partial_rollout_pause",
+        target="verl.workers.rollout.llm_server:FullyAsyncLLMServerClient.generate",
+        fingerprint="await asyncio.sleep(1)",
+        why="benchmark only: verl waits a fixed 1 s before it resubmits a request that a weight sync aborted",
+        upstream="none needed (benchmark instrumentation); a configurable retry pause would make it go",
+        apply=f"{_LATENCY}:_patch_partial_rollout_pause",
+        when="latency model",
+        critical_when="latency model",
+        consequence="every request a sync aborts would wait a quarter of a compressed batch before it resumed",
+    ),
+    VerlPatch(
+        name="latency_model_keeps_modelled_length",
+        target="verl.workers.rollout.llm_server:FullyAsyncLLMServerClient.generate",
+        fingerprint='final_output.extra_fields["max_global_steps"] = max_global_steps',
+        why="benchmark only: verl's partial-rollout client rebuilds each answer's extra fields from its version "
+        "tags, dropping the modelled length the rollout server reported",
+        upstream="carry the server's extra fields over into the merged answer (useful beyond the benchmark)",
+        apply=f"{_LATENCY}:_patch_keep_modelled_length",
+        when="latency model",
+        critical_when="latency model",
+        consequence="the separate-pool schedules' updates would be timed on the median length, not the real draws",
+    ),
 )
 
 

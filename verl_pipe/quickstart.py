@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from verl_pipe.backends.cpu.overrides import CpuBackendConfig, cpu_backend_overrides
+from verl_pipe.backends.cpu.overrides import ROLLOUT_ENGINES, CpuBackendConfig, cpu_backend_overrides
 from verl_pipe.compat import SetupError, check_verl_version
 
 
@@ -68,6 +68,7 @@ TRAINER_MODES: dict[str, TrainerMode] = {
     )
 }
 _MODE_KEY = "trainer.v1.trainer_mode"
+_ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
 
 
 @dataclass
@@ -91,6 +92,8 @@ class QuickstartConfig:
     ranks: int = 1
     # Rollout ranks of the separate sampler pool of a separate-pool mode (None: 1); colocated modes have none.
     sampler_ranks: Optional[int] = None
+    # The rollout engine: "hf" (the plugin's server) or "vllm" (verl's vLLM rollout on vLLM's CPU build).
+    rollout: str = "hf"
     # Greedy validation on the held-out problems after the last step (verl's own _validate, through the rollout).
     validate_at_end: bool = True
     seed: int = 0
@@ -109,13 +112,20 @@ class QuickstartConfig:
             # so its pools and weight sync are set up as with --mode; validate() refuses a --mode that disagrees.
             if key == _MODE_KEY and value in TRAINER_MODES and self.mode == "sync":
                 self.mode = value
+            # And the engine: ARGS="actor_rollout_ref.rollout.name=vllm" is --rollout vllm (eager mode included).
+            if key == _ROLLOUT_KEY and value in ROLLOUT_ENGINES and self.rollout == "hf":
+                self.rollout = value
 
     def cpu_backend(self) -> CpuBackendConfig:
         ranks, sampler_ranks = self.ranks, self.separate_sampler_ranks
         # Ray CPUs are logical: advertise enough for every rank plus verl's service actors, whatever the cores.
         ray_num_cpus = max(CpuBackendConfig.ray_num_cpus, ranks + sampler_ranks + 4)
         return CpuBackendConfig(
-            ranks=ranks, sampler_ranks=sampler_ranks, ray_num_cpus=ray_num_cpus, ray_address=self.ray_address
+            ranks=ranks,
+            sampler_ranks=sampler_ranks,
+            ray_num_cpus=ray_num_cpus,
+            ray_address=self.ray_address,
+            rollout=self.rollout,
         )
 
     @property
@@ -146,6 +156,8 @@ class QuickstartConfig:
             raise SetupError(f"trainer must be 'v1' or 'legacy', got {self.trainer!r} (--trainer)")
         if self.algorithm not in ALGORITHMS:
             raise SetupError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r} (--algorithm)")
+        if self.rollout not in ROLLOUT_ENGINES:
+            raise SetupError(f"--rollout must be one of {', '.join(ROLLOUT_ENGINES)}, got {self.rollout!r}")
         if self.mode not in TRAINER_MODES:
             raise SetupError(f"--mode must be one of {', '.join(TRAINER_MODES)}, got {self.mode!r}")
         if self.trainer == "legacy" and self.mode != "sync":
@@ -159,6 +171,11 @@ class QuickstartConfig:
             if key == _MODE_KEY and value != self.mode and (value in TRAINER_MODES or self.mode != "sync"):
                 raise SetupError(
                     f"--mode {self.mode} and the override {override} disagree: give the mode once, as --mode"
+                )
+            if key == _ROLLOUT_KEY and value != self.rollout and (value in ROLLOUT_ENGINES or self.rollout != "hf"):
+                raise SetupError(
+                    f"--rollout {self.rollout} and the override {override} disagree: give the engine once, as "
+                    f"--rollout ({', '.join(ROLLOUT_ENGINES)})"
                 )
         if self.sampler_ranks is not None:
             if not self.trainer_mode.separate_pools:
@@ -178,6 +195,25 @@ class QuickstartConfig:
             raise SetupError(f"{error} (--ranks, --sampler-ranks)") from None
         if self.samples_per_prompt < 2:
             raise SetupError("samples_per_prompt must be >= 2: GRPO's baseline is the mean of a prompt's group")
+        if self.rollout == "vllm":
+            if self.model == "tiny":
+                raise SetupError(
+                    "--model tiny has attention heads 16 wide, and vLLM's CPU attention serves heads of 32 and up: "
+                    "use --rollout hf with the tiny model (make demo ROLLOUT=hf), or --model smollm2"
+                )
+            require_vllm()
+
+
+def require_vllm() -> None:
+    """``--rollout vllm`` needs vLLM importable here; say how to get it before anything starts."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise SetupError(
+            f"--rollout vllm needs vLLM's CPU build, which {sys.executable} cannot import: run `make install-vllm` "
+            "(about 2 minutes, 2 GB) and start from its virtualenv, `.venv-vllm/bin/verl-pipe quickstart --rollout "
+            "vllm ...`, or use `make demo ROLLOUT=vllm`; --rollout hf needs nothing more"
+        )
 
 
 def metrics_log_path(run_dir: str) -> str:
@@ -350,7 +386,10 @@ def run(cfg: QuickstartConfig) -> int:
     from verl_pipe.plot import plot_metrics
 
     run_dir, argv, env = prepare(cfg)
-    print(f"verl-pipe quickstart: {cfg.model} | {cfg.describe_trainer()} | {cfg.steps} steps | run dir {run_dir}")
+    print(
+        f"verl-pipe quickstart: {cfg.model} | {cfg.describe_trainer()} | rollout {cfg.rollout} | {cfg.steps} steps "
+        f"| run dir {run_dir}"
+    )
     print(f"verl log: {os.path.join(run_dir, 'train.log')}")
     started = time.time()
     rc = follow_training(argv, env, run_dir, cfg.steps)

@@ -121,10 +121,11 @@ def test_latency_model_holds_each_request_for_its_modelled_time(ray_cluster, tin
     from verl_pipe.backends.cpu.hf_server import HFRolloutServer
     from verl_pipe.bench.latency import LatencyModel, worker_env_vars
 
-    model = LatencyModel(decode_tokens_per_s=1000.0, prefill_s=0.2, median_response_tokens=1000,
-                         max_response_tokens=2000, replica_concurrency=1, time_scale=1.0)  # fmt: skip
+    model = LatencyModel(decode_tokens_per_s=1000.0, kv_step_s_per_ktoken=0.0, prompt_tokens=200,
+                         prefill_tokens_per_s=1000.0, median_response_tokens=1000, max_response_tokens=2000,
+                         replica_concurrency=1, time_scale=1.0)  # fmt: skip
     ray.init(address=ray_cluster, ignore_reinit_error=True, log_to_driver=False)
-    rollout = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=4, dtype="float32")
+    rollout = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=8, dtype="float32")
     handle = (
         ray.remote(HFRolloutServer)
         .options(num_cpus=0, max_concurrency=8, runtime_env={"env_vars": worker_env_vars(model.to_json())})
@@ -142,5 +143,20 @@ def test_latency_model_holds_each_request_for_its_modelled_time(ray_cluster, tin
         assert drawn == sorted(model.response_tokens(prompt, i) for i in range(2))  # the prompt's 1st and 2nd draw
         serial = sum(model.generation_s(tokens) for tokens in drawn)
         assert serial <= elapsed < serial + 3.0, (elapsed, serial)
+
+        # A sync aborts a timed request where the modelled replica is: its answer keeps the share decoded (real
+        # tokens, marked aborted), and verl's resubmission of prompt + those tokens finishes the same request
+        # under the new weights, after re-prefilling its whole prefix.
+        ref = handle.generate.remote(prompt_ids=[9, 9], sampling_params={"temperature": 1.0}, request_id="ab")
+        time.sleep(0.2 + 0.4 * model.response_tokens([9, 9], 0) / 1000.0)  # prefill, then ~40% of its decode
+        _call(handle.abort_all_requests.remote())
+        cut = _call(ref)
+        assert cut.stop_reason == "aborted" and 0 < len(cut.token_ids) < 8, cut
+        _call(handle.resume_generation.remote())
+        left = {"temperature": 1.0, "max_tokens": 8 - len(cut.token_ids)}
+        rest = _call(handle.generate.remote(prompt_ids=[9, 9] + list(cut.token_ids), sampling_params=left,
+                                            request_id="ab2"))  # fmt: skip
+        assert rest.stop_reason == "completed"
+        assert rest.extra_fields["modelled_response_tokens"] == model.response_tokens([9, 9], 0), "the same request"
     finally:
         ray.kill(handle)

@@ -44,6 +44,23 @@ def test_step_time_is_the_loop_period_after_the_warm_up():
         summarize_run(SCHEDULES["verl_sync"], PROFILES["coding"], records[:2], warmup_steps=2, log="x.log")
 
 
+def test_the_sampler_lane_comes_from_the_replicas_trace_for_every_schedule(tmp_path):
+    """verl's separate_async records no sampler timestamps; the modelled replicas' busy spans give it (and every
+    other schedule) the same measure over the measured window, stamps[warm-up - 1] to stamps[-1]."""
+    from verl_pipe.bench.replica_model import sampler_trace_path
+
+    records = _records([30.0, 10.0, 10.0, 10.0], **{"timing_s/gen": 1.0})  # window 1040 .. 1060
+    log = str(tmp_path / "train.log")
+    with open(sampler_trace_path(str(tmp_path)), "w") as handle:
+        for start, end in ((1000.0, 1045.0), (1044.0, 1050.0), (1055.0, 1070.0)):  # overlapping pieces merge
+            handle.write(json.dumps({"start": start, "end": end}) + "\n")
+    result = summarize_run(SCHEDULES["verl_separate_async"], PROFILES["coding"], records, warmup_steps=2, log=log)
+    assert result.sampler_idle_frac == pytest.approx(5.0 / 20.0)  # idle 1050 .. 1055 only
+    no_trace = summarize_run(SCHEDULES["verl_separate_async"], PROFILES["coding"], records, warmup_steps=2,
+                             log=str(tmp_path / "elsewhere" / "train.log"))  # fmt: skip
+    assert no_trace.sampler_idle_frac is None  # nothing measured: not a guess
+
+
 def _run(name, step, gen=0.0, sync=0.0, after=0.0, exposed=0.0, profile="coding"):
     return RunResult(name, profile, step, [step], gen, sync, after, exposed, 0.0, None, None)
 
@@ -99,4 +116,8 @@ def test_one_off_beats_the_reward_after_generation_baseline(tmp_path, ray_cluste
     assert runs["one_off_pipeline"]["reward_hidden_frac"] > 0.5
     # each measured step's sync went out when the batch had generated, not when its last (modelled) reward landed
     assert runs["one_off_pipeline"]["syncs_before_last_reward"] > 0.5
+    # every trained sample's update was timed on its own modelled length, also through verl's partial-rollout client
+    assert runs["one_off_pipeline"]["modelled_tokens_defaulted"] == 0
+    # the sampler lane comes from the modelled replica for both schedules
+    assert all(run["sampler_idle_frac"] is not None for run in runs.values())
     assert report["comparison"]["coding"]["speedup"]["one_off_pipeline"]["verl_sync_reward_after"] > 1.5

@@ -12,6 +12,7 @@ from verl_pipe.bench.latency import LATENCY_MODEL_ENV, LatencyModel, LatencyMode
 from verl_pipe.bench.latency_hooks import batch_reward_s
 from verl_pipe.patch_registry import PATCHES
 from verl_pipe.bench.pipeline import PROFILES, BenchConfig, calibrate
+from verl_pipe.bench.replica_model import batch_generation_s
 
 
 def test_lengths_are_deterministic_long_tailed_and_capped():
@@ -29,9 +30,11 @@ def test_lengths_are_deterministic_long_tailed_and_capped():
 
 
 def test_phase_times_and_scaling():
-    model = LatencyModel(decode_tokens_per_s=100, prefill_s=2, train_s_per_ktoken=0.5, time_scale=0.1,
-                         reward_s=3, reward_workers=4)  # fmt: skip
-    assert model.generation_s(1000) == 12.0 and model.train_s(4000) == 2.0 and model.wall(12.0) == pytest.approx(1.2)
+    model = LatencyModel(decode_tokens_per_s=100, kv_step_s_per_ktoken=0.0, prompt_tokens=500,
+                         prefill_tokens_per_s=250, train_s_per_ktoken=0.5, time_scale=0.1, reward_s=3,
+                         reward_workers=4)  # fmt: skip
+    # alone on a replica: a 2 s prefill, then 1000 steps of 10 ms (no KV term here)
+    assert model.generation_s(1000) == pytest.approx(12.0) and model.train_s(4000) == 2.0 and model.wall(12.0) == pytest.approx(1.2)
     assert batch_reward_s(9, model) == 9.0  # three rounds of four workers
 
 
@@ -54,13 +57,14 @@ def test_calibration_follows_the_profile_shares(profile):
     model = calibrate(PROFILES[profile], cfg)
     shares = PROFILES[profile]
     requests = cfg.prompts * cfg.samples
-    # re-estimate the expected batch: its longest response sets generation, its tokens set training
-    longest, tokens = [], []
+    # re-estimate the expected batch: its generation on one modelled replica, and its tokens (training)
+    batch_s, tokens = [], []
     for trial in range(400):
         lengths = [model.response_tokens([10_000 + trial], i) for i in range(requests)]
-        longest.append(max(lengths))
+        batch_s.append(batch_generation_s(model, lengths))
         tokens.append(sum(lengths))
-    gen_s = model.wall(model.generation_s(statistics.mean(longest)))
+    assert model.replica_concurrency == requests  # one batch fills the replica
+    gen_s = model.wall(statistics.mean(batch_s))
     assert gen_s == pytest.approx(4.0, rel=1e-6)
     assert model.wall(model.train_s(statistics.mean(tokens))) == pytest.approx(shares.train * 4.0, rel=1e-6)
     assert model.wall(model.sync_s) == pytest.approx(shares.sync * 4.0)
@@ -70,6 +74,28 @@ def test_calibration_follows_the_profile_shares(profile):
 
 def test_trainer_side_patches_still_match_verl():
     patches = [patch for patch in PATCHES if patch.when == "latency model"]
-    assert len(patches) == 5 and all(patch.critical for patch in patches)
+    assert len(patches) == 7 and all(patch.critical for patch in patches)
     for patch in patches:
         assert patch.matches(), patch.name
+
+
+def test_verls_partial_rollout_pause_is_scaled_with_the_model(monkeypatch):
+    """verl's client waits 1 s before resubmitting an aborted request; in a benchmark that pause is modelled time.
+    The patch is applied for real to verl's module; without the model its pause stays verl's."""
+    import asyncio
+    import time
+
+    import verl.workers.rollout.llm_server as llm_server
+
+    from verl_pipe.bench.latency_hooks import _patch_partial_rollout_pause
+
+    _patch_partial_rollout_pause()
+    assert llm_server.asyncio.Lock is asyncio.Lock  # everything else is asyncio's own
+    monkeypatch.setenv(LATENCY_MODEL_ENV, LatencyModel(time_scale=0.05).to_json())
+    started = time.monotonic()
+    asyncio.run(llm_server.asyncio.sleep(1))
+    assert 0.04 <= time.monotonic() - started < 0.5  # 1 modelled second at time_scale 0.05
+    monkeypatch.delenv(LATENCY_MODEL_ENV)
+    started = time.monotonic()
+    asyncio.run(llm_server.asyncio.sleep(0.3))
+    assert time.monotonic() - started >= 0.29  # no model: verl's own pause

@@ -25,10 +25,13 @@ RUN_FILES = (
 # The conditions the suite's runs create (every run is on the CPU platform; the benchmark's turn the latency
 # model on). Patches for other conditions (an optional engine that is not installed) are not required here.
 SUITE_CONDITIONS = ("always", "cpu platform", "latency model")
-# Patches no CPU run can call, with the test that covers each instead.
+# Patches the suite's runs do not call, with the test that covers each instead.
 NOT_CALLED_IN_CPU_RUNS = {
     # It acts only on a machine with no accelerator *and* no VERL_PLATFORM; every run here sets VERL_PLATFORM.
     "no_silent_nvidia_fallback": "tests/test_setup_errors_on_cpu.py",
+    # It acts when a sync aborts requests under the latency model (verl's separate_async in `make bench`); the
+    # suite's benchmark runs sync and one-off, which never abort, so its pause is checked on verl's module.
+    "latency_model_partial_rollout_pause": "tests/bench/test_latency_model_on_cpu.py",
 }
 
 

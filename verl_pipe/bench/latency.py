@@ -7,10 +7,16 @@ by sleeping, which costs no CPU, so overlap measured on a 2-core machine is real
 
 The modelled phases (all in modelled seconds, scaled to wall seconds by ``time_scale``):
 
-* **generation** of one request: ``prefill_s + L / decode_tokens_per_s``, where the response length ``L`` is
-  drawn from a long-tailed distribution (log-normal, capped at ``max_response_tokens``). A replica decodes at
-  most ``replica_concurrency`` requests at once; the rest queue. ``L`` depends only on the seed, the prompt and
-  the sample's index among that prompt's requests, so every schedule sees the same workload.
+* **generation** on a modelled replica (:mod:`verl_pipe.bench.replica_model`): each decode step streams the
+  weights and the KV cache of every running request and gives each one token, so a step costs
+  ``1 / decode_tokens_per_s + kv_step_s_per_ktoken * context / 1000`` (``context``: the tokens all running
+  requests hold) and a request decodes slower the more and the longer its neighbours are; admitting a request
+  prefills its prefix at ``prefill_tokens_per_s``, stalling the replica. A replica runs at most
+  ``replica_concurrency`` requests at once; the rest queue. A request's response length ``L`` is drawn from a
+  long-tailed distribution (log-normal, capped at ``max_response_tokens``) and depends only on the seed, the
+  prompt and the sample's index among that prompt's requests, so every schedule sees the same workload. A sync
+  that aborts requests ends them where the replica had got to; they resume under the new weights and pay the
+  prefill of their whole prefix again.
 * **training** (old log-probs plus the actor update): ``train_s_per_ktoken`` per thousand modelled response
   tokens trained.
 * **weight sync**: ``sync_s`` per sync.
@@ -36,7 +42,8 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional, Sequence
 
-from verl_pipe.backends.cpu.generation_timing import GENERATION_TIMING_ENV, RequestTiming
+from verl_pipe.backends.cpu.generation_timing import GENERATION_TIMING_ENV
+from verl_pipe.bench.replica_model import ModelledReplica, batch_generation_s
 
 LATENCY_MODEL_ENV = "VERL_PIPE_LATENCY_MODEL"
 
@@ -47,11 +54,19 @@ class LatencyModelError(ValueError):
 
 @dataclass(frozen=True)
 class LatencyModel:
-    # Decode speed of one request on one replica, and how many requests a replica decodes at once. Defaults: a
-    # 14B model on a TP-2 vLLM replica decodes ~30-40 tokens/s per sequence at high batch (vLLM benchmarks).
-    decode_tokens_per_s: float = 35.0
+    # A decode step of a replica streams the weights (1 / decode_tokens_per_s: the speed of a request alone) and
+    # the KV cache of every running request (kv_step_s_per_ktoken per thousand tokens held). Defaults: the sizing
+    # roofline of a 14B model on a TP-2 H100 replica at 60% of HBM bandwidth (28 GB of bf16 weights -> 7 ms a
+    # step, 143 tokens/s alone; Qwen2.5-14B holds 196 KB of KV per token -> 0.049 ms per thousand tokens), so a
+    # batch of 32 requests 4K tokens deep decodes at ~71 tokens/s each.
+    decode_tokens_per_s: float = 143.0
+    kv_step_s_per_ktoken: float = 4.9e-5
+    # Requests a replica runs at once (the rest queue); KV capacity is what bounds it on a GPU.
     replica_concurrency: int = 256
-    prefill_s: float = 1.0
+    # Prefill: the prompt's modelled length, and the rate a replica prefills at (compute-bound: 2 x 14B FLOPs per
+    # token at 40% of two H100s' bf16 peak, ~28K tokens/s). The replica decodes nothing during a prefill.
+    prompt_tokens: int = 1000
+    prefill_tokens_per_s: float = 28000.0
     # Response lengths: log-normal with this median and log-space sigma, capped. Defaults follow DeepCoder's
     # stage-1 training (16K cap; average response length ~8K early in training, thesis fig. 4.4); with
     # sigma 0.6 about 8% of responses hit the cap, so nearly every batch of 32 has a straggler at the limit.
@@ -67,11 +82,13 @@ class LatencyModel:
     seed: int = 0
 
     def __post_init__(self):
-        positive = ("decode_tokens_per_s", "median_response_tokens", "max_response_tokens", "time_scale")
+        positive = ("decode_tokens_per_s", "prefill_tokens_per_s", "median_response_tokens", "max_response_tokens",
+                    "time_scale")  # fmt: skip
         for name in positive:
             if not getattr(self, name) > 0:
                 raise LatencyModelError(f"latency_model.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("prefill_s", "response_sigma", "train_s_per_ktoken", "sync_s", "reward_s"):
+        for name in ("kv_step_s_per_ktoken", "prompt_tokens", "response_sigma", "train_s_per_ktoken", "sync_s",
+                     "reward_s"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise LatencyModelError(f"latency_model.{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("replica_concurrency", "reward_workers"):
@@ -93,7 +110,8 @@ class LatencyModel:
         return max(1, min(self.max_response_tokens, int(round(length))))
 
     def generation_s(self, response_tokens: int) -> float:
-        return self.prefill_s + response_tokens / self.decode_tokens_per_s
+        """Modelled seconds for one request alone on a replica: its prefill, then its decode steps."""
+        return batch_generation_s(self, [response_tokens])
 
     def train_s(self, response_tokens: int) -> float:
         return self.train_s_per_ktoken * response_tokens / 1000.0
@@ -102,11 +120,10 @@ class LatencyModel:
         """Modelled seconds to wall-clock seconds."""
         return modelled_s * self.time_scale
 
-    def request_timing(self, prompt_ids: Sequence[int], sample_index: int) -> RequestTiming:
-        """The rollout server's timing slot: a request lasts its modelled generation (``replica_concurrency``
-        is the slot's other half); the trainer-side hooks read the modelled length back from the answer."""
-        tokens = self.response_tokens(prompt_ids, sample_index)
-        return RequestTiming(self.wall(self.generation_s(tokens)), {"modelled_response_tokens": tokens})
+    def replica(self) -> ModelledReplica:
+        """The rollout servers' timing slot: a modelled replica per server (the trainer-side hooks read each
+        request's modelled length back from its answer, ``modelled_response_tokens``)."""
+        return ModelledReplica(self)
 
     # --- transport ----------------------------------------------------------------------------------------------
 

@@ -12,7 +12,13 @@ schedules, not implementations:
   batch's reward time is spent here, on the trainer's critical path;
 * ``PPOTrainer._build_replay_buffer``: verl's 2 s TransferQueue poll is scaled like every other time;
 * ``PPOTrainer._compute_metrics``: a wall-clock stamp per step (``bench/step_end_ts``), so a benchmark measures
-  the loop's real period, metrics and logging included.
+  the loop's real period, metrics and logging included;
+* ``FullyAsyncLLMServerClient.generate``: verl pauses 1 s before it resubmits a request a sync aborted (and
+  before it retries an empty load balancer); the pause is scaled like every other time, or each resumed request
+  would wait a quarter of a compressed batch;
+* ``FullyAsyncLLMServerClient.generate`` again: the client of every separate-pool mode rebuilds each answer's
+  extra fields from its version tags alone, dropping the modelled length the server reported, so the update of
+  those modes would be timed on the median length instead of the real draw; the length is carried over.
 
 They are installed only in a process whose environment switches the model on (``VERL_PIPE_LATENCY_MODEL``), so a
 normal run is untouched; in a benchmark run they are correctness-critical (a run without them would time the
@@ -26,6 +32,7 @@ import functools
 import inspect
 import math
 import time
+from typing import Any
 
 from verl_pipe.bench.latency import LatencyModel, active_model
 from verl_pipe.patching import fired, is_patched, mark_patched
@@ -34,19 +41,21 @@ _TRAINER = "verl.trainer.ppo.v1.trainer_base"
 _CHECKPOINT = "verl.checkpoint_engine.base"
 
 
-def modelled_tokens(batch, model: LatencyModel) -> list[int]:
-    """Modelled response lengths of the batch's real samples, as their rollout server drew them."""
+def modelled_tokens(batch, model: LatencyModel) -> tuple[list[int], int]:
+    """Modelled response lengths of the batch's real samples, as their rollout server drew them, and how many
+    samples had none and were given the median (none should: ``latency_model_keeps_modelled_length``)."""
     import transfer_queue as tq
 
     keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
     if not keys:
-        return []
+        return [], 0
     extras = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-    tokens = []
+    tokens, defaulted = [], 0
     for extra in extras.pop("extra_fields").tolist():
         value = extra.get("modelled_response_tokens") if isinstance(extra, dict) else None
+        defaulted += value is None
         tokens.append(int(value) if value is not None else model.median_response_tokens)
-    return tokens
+    return tokens, defaulted
 
 
 def batch_reward_s(num_samples: int, model: LatencyModel) -> float:
@@ -72,7 +81,9 @@ def _patch_update_actor() -> None:
         started = time.monotonic()
         result = original(self, batch, metrics)
         if model is not None:
-            _pad_until(started, model.train_s(sum(modelled_tokens(batch, model))), model)
+            tokens, defaulted = modelled_tokens(batch, model)
+            metrics["bench/modelled_tokens_defaulted"] = metrics.get("bench/modelled_tokens_defaulted", 0) + defaulted
+            _pad_until(started, model.train_s(sum(tokens)), model)
         return result
 
     module.PPOTrainer._update_actor = _update_actor
@@ -170,3 +181,65 @@ def _patch_update_weights() -> None:
         return result
 
     module.CheckpointEngineManager.update_weights = update_weights
+
+
+_LLM_SERVER = "verl.workers.rollout.llm_server"
+
+
+class _ScaledPauses:
+    """What verl's ``llm_server`` module sees as ``asyncio``: the same module, with its retry pauses scaled."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    async def sleep(self, delay, result=None):
+        model = active_model()
+        if model is not None:
+            fired("latency_model_partial_rollout_pause")
+            delay = max(0.02, min(float(delay), model.wall(float(delay))))  # the floor of the scaled polls
+        return await self._real.sleep(delay, result)
+
+
+def _patch_partial_rollout_pause() -> None:
+    module = __import__(_LLM_SERVER, fromlist=["FullyAsyncLLMServerClient"])
+    if not isinstance(module.asyncio, _ScaledPauses):
+        module.asyncio = _ScaledPauses(module.asyncio)
+
+
+_MODELLED_KEY = "modelled_response_tokens"
+
+
+def _patch_keep_modelled_length() -> None:
+    module = __import__(_LLM_SERVER, fromlist=["FullyAsyncLLMServerClient"])
+    base, full = module.LLMServerClient, module.FullyAsyncLLMServerClient
+    if is_patched(full.generate):
+        return
+    base_generate, full_generate = base.generate, full.generate
+    # (client, request_id) -> the modelled length the server reported for the request's latest piece
+    reported: dict[tuple[int, Any], int] = {}
+
+    @mark_patched(base_generate)
+    @functools.wraps(base_generate)
+    async def generate_piece(self, request_id, *args, **kwargs):
+        output = await base_generate(self, request_id, *args, **kwargs)
+        if isinstance(self, full) and _MODELLED_KEY in (output.extra_fields or {}):
+            reported[(id(self), request_id)] = output.extra_fields[_MODELLED_KEY]
+        return output
+
+    @mark_patched(full_generate)
+    @functools.wraps(full_generate)
+    async def generate(self, request_id, *args, **kwargs):
+        try:
+            output = await full_generate(self, request_id, *args, **kwargs)
+        finally:
+            tokens = reported.pop((id(self), request_id), None)
+        if tokens is not None and active_model() is not None:
+            fired("latency_model_keeps_modelled_length")
+            output.extra_fields.setdefault(_MODELLED_KEY, tokens)
+        return output
+
+    base.generate = generate_piece
+    full.generate = generate

@@ -30,7 +30,15 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
+from verl_pipe.backends.cpu.overrides import ROLLOUT_ENGINES
 from verl_pipe.bench.latency import LatencyModel, worker_env_vars
+from verl_pipe.bench.replica_model import (
+    SAMPLER_TRACE_ENV,
+    batch_generation_s,
+    busy_share,
+    load_busy_spans,
+    sampler_trace_path,
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,9 @@ class BenchConfig:
     out_dir: Optional[str] = None
     timeout_s: int = 900
     ray_address: Optional[str] = None  # join this cluster instead of starting a private one
+    # The rollout engine of every run: "hf" or "vllm" (verl's vLLM rollout on vLLM's CPU build). Either way the
+    # latency model times each request (the generation-timing slot both servers honour).
+    rollout: str = "hf"
 
     def schedules_for(self, profile: str) -> tuple[str, ...]:
         return self.schedules or DEFAULT_SCHEDULES[profile]
@@ -99,6 +110,12 @@ class BenchConfig:
             raise ValueError("steps and warmup_steps must be >= 1 (the first step of one-off only samples)")
         if self.prompts % 2 or self.samples < 2:
             raise ValueError("prompts must be even (two minibatches per step) and samples >= 2 (GRPO groups)")
+        if self.rollout not in ROLLOUT_ENGINES:
+            raise ValueError(f"rollout must be one of {', '.join(ROLLOUT_ENGINES)}, got {self.rollout!r} (--rollout)")
+        if self.rollout == "vllm":
+            from verl_pipe.quickstart import require_vllm
+
+            require_vllm()
 
 
 # --- calibration: the profile's shares -> latency-model parameters --------------------------------------------
@@ -107,19 +124,19 @@ class BenchConfig:
 def calibrate(profile: Profile, cfg: BenchConfig, trials: int = 400) -> LatencyModel:
     """The latency model whose batch generation takes ``unit_s`` and whose other phases follow ``profile``.
 
-    The expected longest response of a batch (which is what a batch's generation waits for) and the expected
-    tokens per batch are estimated from the model's own length distribution.
+    A batch's generation (all its requests on one modelled replica, until the last ends) and its tokens are
+    averaged over batches drawn from the model's own length distribution.
     """
     requests = cfg.prompts * cfg.samples
     # One batch fills the sampler replica: a schedule that keeps more batches in flight queues them rather than
-    # decoding them for free (a real replica's per-request speed drops as its batch grows).
+    # decoding them for free (a replica's KV cache bounds what it runs at once).
     base = LatencyModel(seed=cfg.seed, reward_workers=cfg.reward_workers, replica_concurrency=requests)
-    longest, tokens = [], []
+    batch_s, tokens = [], []
     for trial in range(trials):
         lengths = [base.response_tokens([10_000 + trial], i) for i in range(requests)]
-        longest.append(max(lengths))
+        batch_s.append(batch_generation_s(base, lengths))
         tokens.append(sum(lengths))
-    gen_s = base.generation_s(statistics.mean(longest))
+    gen_s = statistics.mean(batch_s)
     kilotokens = statistics.mean(tokens) / 1000.0
     return replace(
         base,
@@ -140,6 +157,7 @@ def schedule_overrides(schedule: Schedule, cfg: BenchConfig, model_path: str, ru
 
     quick = QuickstartConfig(
         model=model_path,
+        rollout=cfg.rollout,
         trainer="v1",
         algorithm="grpo_plus",
         steps=cfg.warmup_steps + cfg.steps,
@@ -160,6 +178,8 @@ def schedule_overrides(schedule: Schedule, cfg: BenchConfig, model_path: str, ru
         "reward.custom_reward_function.name=compute_score",
         f"+reward.interleaved.concurrency={cfg.reward_workers}",
         *(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={value}" for name, value in latency_env.items()),
+        # every schedule's sampler lane, from the modelled replicas themselves (verl's modes record none)
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{SAMPLER_TRACE_ENV}={sampler_trace_path(run_dir)}",
         "trainer.rollout_data_dir=null",
         # The tiny model's real work should stay small beside the modelled phases (and steady under load):
         # prompts cut to their last 128 tokens; the modelled lengths do not depend on them.
@@ -193,6 +213,10 @@ class RunResult:
     sampler_idle_frac: Optional[float]
     reward_hidden_frac: Optional[float]
     staleness_mean: float = 0.0  # policy versions between the samples trained and the trainer's weights
+    # policy versions a trained sample was generated across (1: one; 2: a sync aborted and resumed it), mean
+    spans_mean: float = 1.0
+    # trained samples whose modelled length was lost on a resume and defaulted to the median, per step
+    modelled_tokens_defaulted: float = 0.0
     # one_off_pipeline: syncs per step that went out as soon as the batch generated, before its last reward
     syncs_before_last_reward: float = 0.0
     log: str = ""
@@ -226,8 +250,11 @@ def summarize_run(schedule: Schedule, profile: Profile, steps: list[dict], warmu
         bubble = _mean(measured, "pipeline/trainer_bubble_frac")
     else:
         bubble = min(1.0, (gen_s + sync_s + reward_after_s) / step_s)
-    if "pipeline/sampler_idle_frac" in (measured[0] if measured else {}):
-        sampler_idle: Optional[float] = _mean(measured, "pipeline/sampler_idle_frac")
+    spans = load_busy_spans(sampler_trace_path(os.path.dirname(log))) if log else []
+    if spans:  # the modelled replicas' own record: the same measure for every schedule
+        sampler_idle: Optional[float] = 1.0 - busy_share(spans, stamps[warmup_steps - 1], stamps[-1])
+    elif "pipeline/sampler_idle_frac" in (measured[0] if measured else {}):
+        sampler_idle = _mean(measured, "pipeline/sampler_idle_frac")
     elif schedule.trainer_mode == "sync":  # colocated: the replicas generate only inside the step's gen phase
         sampler_idle = max(0.0, 1.0 - max(0.0, gen_s - exposed) / step_s)
     else:
@@ -246,6 +273,8 @@ def summarize_run(schedule: Schedule, profile: Profile, steps: list[dict], warmu
         sampler_idle_frac=sampler_idle,
         reward_hidden_frac=None if math.isnan(hidden) else hidden,
         staleness_mean=_mean(measured, "training/off_policy/trajectory_staleness/mean"),
+        spans_mean=_mean(measured, "training/off_policy/trajectory_spans/mean", 1.0),
+        modelled_tokens_defaulted=_mean(measured, "bench/modelled_tokens_defaulted"),
         syncs_before_last_reward=_mean(measured, "pipeline/syncs_before_last_reward"),
         log=log,
     )
@@ -310,7 +339,8 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
     cfg.validate()
     out_dir = os.path.abspath(cfg.out_dir or os.path.join("runs", time.strftime("bench-pipeline-%Y%m%d-%H%M%S")))
     os.makedirs(out_dir, exist_ok=True)
-    model_path = build_tiny_qwen2()
+    # vLLM's CPU attention serves head sizes from 32 up; the default tiny model's 4 heads of 16 need twice the width.
+    model_path = build_tiny_qwen2(hidden_size=128) if cfg.rollout == "vllm" else build_tiny_qwen2()
     results: list[RunResult] = []
     models: dict[str, dict] = {}
     started = time.time()
@@ -359,7 +389,8 @@ def format_report(report: dict[str, Any]) -> str:
     runs = report["runs"]
     for profile, comparison in report["comparison"].items():
         lines.append(f"profile {profile}")
-        header = f"  {'schedule':23s} {'step s':>7s} {'stale':>5s} {'bubble':>7s} {'smp idle':>8s} {'rwd hid':>7s}"
+        header = f"  {'schedule':23s} {'step s':>7s} {'stale':>5s} {'spans':>5s} {'bubble':>7s} {'smp idle':>8s}"
+        header += f" {'rwd hid':>7s}"
         header += "".join(f" {'vs ' + b[5:]:>18s}" for b in BASELINES)
         lines.append(header)
         for run in (r for r in runs if r["profile"] == profile):
@@ -367,6 +398,7 @@ def format_report(report: dict[str, Any]) -> str:
             hidden = run["reward_hidden_frac"]
             row = (
                 f"  {run['schedule']:23s} {run['step_s']:7.2f} {run['staleness_mean']:5.2f} "
+                f"{run['spans_mean']:5.2f} "
                 f"{run['trainer_bubble_frac']:7.2f} "
                 f"{'   n/a' if idle is None else f'{idle:8.2f}'} {'  n/a' if hidden is None else f'{hidden:7.2f}'}"
             )

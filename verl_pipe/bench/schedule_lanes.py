@@ -1,10 +1,12 @@
 """The lanes of the benchmark's side-by-side picture: each schedule's measured steps, sampler over trainer.
 
-For our pipelined modes both lanes come from the run's own ``timeline.json`` (:mod:`verl_pipe.trainers.timeline`).
-verl's modes write no timeline, so their trainer lane is rebuilt from verl's per-step records: each step runs
-from the previous step's wall-clock stamp to its own, waiting for samples first (``timing_s/gen``), then
-scoring late rewards (the baseline), training, and syncing at the end; in the colocated ``sync`` mode the
-sampler generates exactly while the trainer waits. :func:`verl_pipe.plot.plot_schedules` draws them.
+The sampler lane of every schedule comes from the modelled replicas themselves: each writes the spans in which
+it had requests running (:data:`verl_pipe.bench.replica_model.SAMPLER_TRACE_ENV`), so verl's ``separate_async``
+gets the same lane as ours. For our pipelined modes the trainer lane comes from the run's own ``timeline.json``
+(:mod:`verl_pipe.trainers.timeline`). verl's modes write no timeline, so their trainer lane is rebuilt from
+verl's per-step records: each step runs from the previous step's wall-clock stamp to its own, waiting for
+samples first (``timing_s/gen``), then scoring late rewards (the baseline), training, and syncing at the end.
+:func:`verl_pipe.plot.plot_schedules` draws them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 from typing import Any
 
+from verl_pipe.bench.replica_model import load_busy_spans, sampler_trace_path
 from verl_pipe.trainers.timeline import Interval, load_trace, trace_origin
 
 
@@ -59,6 +62,15 @@ def traced_lanes(run_dir: str, records: list[dict], warmup_steps: int) -> list[I
     return intervals
 
 
+def sampler_lane(run_dir: str, window_start: float, window_end: float) -> list[Interval]:
+    """The replicas' busy spans (``generate``) within the measured window."""
+    return [
+        Interval("sampler", "generate", max(start, window_start), min(end, window_end))
+        for start, end in load_busy_spans(sampler_trace_path(run_dir))
+        if end > window_start and start < window_end
+    ]
+
+
 def schedule_panels(report: dict[str, Any]) -> list[tuple[str, float, list[Interval]]]:
     """One ``(title, origin, intervals)`` panel per run of the report: its measured steps, from ``origin``."""
     warmup = int(report["config"]["warmup_steps"])
@@ -71,5 +83,8 @@ def schedule_panels(report: dict[str, Any]) -> list[tuple[str, float, list[Inter
         else:
             intervals = rebuilt_lanes(records, warmup, colocated=run["schedule"].startswith("verl_sync"))
         origin = float(records[warmup - 1]["bench/step_end_ts"])
+        replica_lane = sampler_lane(run_dir, origin, float(records[-1]["bench/step_end_ts"]))
+        if replica_lane:  # the replicas' own record replaces the lane inferred from the trainer's side
+            intervals = [i for i in intervals if i.track != "sampler"] + replica_lane
         panels.append((f"{run['profile']} / {run['schedule']}", origin, intervals))
     return panels

@@ -83,13 +83,17 @@ def latency_model(spec: ClusterSpec, sampler_gpus: int, trainer_gpus: int) -> La
         raise ValueError(f"a split needs >= tp={spec.tp} sampler GPUs and >= 1 trainer GPU, got {sampler_gpus}/{trainer_gpus}")
     gpu = GPUS[spec.gpu]
     params = spec.params_b * 1e9
-    # an unloaded replica's speed: one token per pass over the weights (the batch's KV traffic comes on top)
-    step_s = 2 * params / spec.tp / (gpu.hbm_tb_s * 1e12 * spec.hbm_efficiency)
+    # an unloaded replica's speed: one token per pass over the weights; each running request's KV cache on top
+    bandwidth = spec.tp * gpu.hbm_tb_s * 1e12 * spec.hbm_efficiency
+    step_s = 2 * params / bandwidth
     train_flops_per_s = trainer_gpus * gpu.bf16_tflops * 1e12 * spec.mfu
     return LatencyModel(
         decode_tokens_per_s=1.0 / step_s,
+        kv_step_s_per_ktoken=1000 * spec.kv_bytes_per_token_per_b * spec.params_b / bandwidth,
         replica_concurrency=spec.replica_concurrency,
-        prefill_s=0.0,
+        prompt_tokens=spec.prompt_tokens,
+        # prefill is compute-bound: 2 x params FLOPs per token on the replica's GPUs
+        prefill_tokens_per_s=spec.tp * gpu.bf16_tflops * 1e12 * spec.mfu / (2 * params),
         median_response_tokens=spec.median_response_tokens,
         response_sigma=spec.response_sigma,
         max_response_tokens=spec.max_response_tokens,

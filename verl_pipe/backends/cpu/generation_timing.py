@@ -1,8 +1,9 @@
-"""The ``hf`` rollout server's timing slot: how long a request should take when that is not how long it takes.
+"""The rollout servers' timing slot: how long a request should take when that is not how long it takes.
 
-Empty by default: the server answers each request as soon as it is generated. A benchmark that models a GPU
-cluster on the CPU backend fills it, so each request lasts as long as on the modelled replica (the tokens are
-real, the time is modelled).
+Empty by default: a server answers each request as soon as it is generated. A benchmark that models a GPU
+cluster on the CPU backend fills it, so each request lasts as long as on the modelled replica, given everything
+else that replica runs (the tokens are real, the time is modelled). The ``hf`` server and the CPU vLLM server
+both honour it.
 
 The slot is filled by naming a factory in the environment, ``VERL_PIPE_GENERATION_TIMING=package.module:factory``,
 not by setting it in memory: rollout servers run in Ray worker processes, which inherit the job's environment
@@ -14,22 +15,36 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Optional, Protocol, Sequence, TypeVar
 
 GENERATION_TIMING_ENV = "VERL_PIPE_GENERATION_TIMING"
+Answer = TypeVar("Answer")
 
 
-class RequestTiming(NamedTuple):
-    wall_s: float  # from the moment the request gets a slot to its answer
-    extra_fields: dict[str, Any]  # reported with the answer (``TokenOutput.extra_fields``)
+class ReplicaTiming(Protocol):
+    """The timing of one server's replica: every request it serves goes through ``serve``."""
+
+    async def serve(
+        self,
+        prompt_ids: Sequence[int],
+        generate: Callable[[], Awaitable[Answer]],
+        aborted: Callable[[Answer], bool],
+        cut: Callable[[Answer, float], Answer],
+    ) -> tuple[Answer, dict[str, Any]]:
+        """Run ``generate`` (the server's real generation) and return its answer when the timing says the request
+        ends, with extra fields to report (``TokenOutput.extra_fields``). ``aborted(answer)``: the server cut its
+        own generation; ``cut(answer, share)``: the answer cut to a share of its tokens and marked aborted (what a
+        request ended by :meth:`abort_all` returns)."""
+        ...
+
+    def abort_all(self) -> None:
+        """A weight sync aborts the replica's requests: end each where it has got to."""
+        ...
 
 
 class GenerationTiming(Protocol):
-    # Requests one replica serves at once; the rest wait for a slot, as on a saturated GPU replica.
-    replica_concurrency: int
-
-    def request_timing(self, prompt_ids: Sequence[int], sample_index: int) -> RequestTiming:
-        """Timing of the ``sample_index``-th request (0, 1, ...) this replica serves for ``prompt_ids``."""
+    def replica(self) -> ReplicaTiming:
+        """A fresh timing state for one server's replica."""
         ...
 
 
@@ -48,3 +63,4 @@ def generation_timing() -> Optional[GenerationTiming]:
             raise ValueError(f"{GENERATION_TIMING_ENV}={spec!r}: expected 'package.module:factory'")
         _LOADED = (spec, getattr(importlib.import_module(module_name), factory_name))
     return _LOADED[1]()
+

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import ray
 import torch
 
-from verl_pipe.backends.cpu.generation_timing import GenerationTiming, generation_timing
+from verl_pipe.backends.cpu.generation_timing import GenerationTiming, ReplicaTiming, generation_timing
 from verl_pipe.backends.cpu.hf_generation import BatchedGenerator, GenerationRequest, GenerationResult
 
 logger = logging.getLogger("verl_pipe.hf_server")
@@ -50,6 +50,12 @@ def _resolve(future: asyncio.Future, result: GenerationResult) -> None:
 def server_actor_name(replica_rank: int, is_reward_model: bool = False, name_suffix: str = "") -> str:
     kind = "reward_" if is_reward_model else ""
     return f"verl_pipe_hf_server_{kind}{replica_rank}{name_suffix}"
+
+
+def _cut_result(result: GenerationResult, share: float) -> GenerationResult:
+    """The first ``share`` of an answer's tokens, as an aborted answer (what a sync leaves of a timed request)."""
+    keep = int(share * len(result.token_ids))
+    return GenerationResult(token_ids=result.token_ids[:keep], log_probs=result.log_probs[:keep], finish_reason="abort")
 
 
 @dataclass
@@ -98,10 +104,8 @@ class HFRolloutServer:
         self._rejecting = False
         self._staged_weights: dict[str, torch.Tensor] = {}
         self._loop_task: Optional[asyncio.Task] = None
-        # Generation timing (benchmarks only; :mod:`.generation_timing`): requests timed at once, and how many
-        # requests each prompt has had, which the timing uses to tell a prompt's samples apart.
-        self._timed_slots: Optional[asyncio.Semaphore] = None
-        self._prompt_requests: dict[tuple[int, ...], int] = {}
+        # Generation timing (benchmarks only; :mod:`.generation_timing`): this replica's timing state.
+        self._replica_timing: Optional[ReplicaTiming] = None
         self.stats = {"batches": 0, "requests": 0, "max_batch": 0, "tokens": 0, "weight_updates": 0}
 
     # ---- generation -------------------------------------------------------------------------------------------
@@ -167,26 +171,21 @@ class HFRolloutServer:
     async def _run_timed(
         self, request: GenerationRequest, timing: GenerationTiming
     ) -> tuple[GenerationResult, dict[str, Any]]:
-        """Generate for real, then hold the answer until the time ``timing`` gives the request has passed.
+        """Generate for real; the answer comes back when the timing's replica says the request ends."""
+        if self._replica_timing is None:
+            self._replica_timing = timing.replica()
+        generated_by: list[Optional[int]] = []
 
-        The request occupies one of the replica's ``replica_concurrency`` slots from its start to its timed
-        end; requests beyond that wait for a slot, as on a saturated vLLM replica.
-        """
-        if self._timed_slots is None:
-            self._timed_slots = asyncio.Semaphore(timing.replica_concurrency)
-        prompt_key = tuple(request.prompt_ids)
-        index = self._prompt_requests.get(prompt_key, 0)
-        self._prompt_requests[prompt_key] = index + 1
-        wall_s, extra_fields = timing.request_timing(request.prompt_ids, index)
-        loop = asyncio.get_running_loop()
-        async with self._timed_slots:
-            started = loop.time()
+        async def generate() -> GenerationResult:
             result = await self._run(request)
             # The tokens came from the weights loaded now; a sync during the timed wait must not retag them.
-            generated_by = self.global_steps
-            if result.finish_reason != "abort":  # an aborted request returns at once, as on a real server
-                await asyncio.sleep(max(0.0, started + wall_s - loop.time()))
-        return result, {**extra_fields, "global_steps": generated_by}
+            generated_by.append(self.global_steps)
+            return result
+
+        result, extra_fields = await self._replica_timing.serve(
+            request.prompt_ids, generate, aborted=lambda r: r.finish_reason == "abort", cut=_cut_result
+        )
+        return result, {**extra_fields, "global_steps": generated_by[0]}
 
     async def _gather(self) -> None:
         loop = asyncio.get_running_loop()
@@ -280,6 +279,8 @@ class HFRolloutServer:
         self._generation_allowed.clear()
         self._rejecting = reject_request
         self._abort_requested = True
+        if self._replica_timing is not None:  # timed requests end where the modelled replica has got to
+            self._replica_timing.abort_all()
         async with self._engine_lock:  # wait for the running batch to notice and return
             queued, self._queue = self._queue, []
             self._queue_event.clear()

@@ -1,9 +1,10 @@
 """The hydra overrides that put an existing verl config on the CPU backend.
 
 These are the knobs, and only the knobs, that differ from a GPU run: device and collectives, FSDP2 (FSDP1 needs
-an accelerator), SDPA attention (flash-attention is CUDA-only), the ``hf`` rollout with one process per replica,
-and Ray sizing that places on a 2-core machine (Ray CPUs are logical, so over-subscription is safe; one
-TransferQueue storage unit instead of eight). Everything else in the user's config is left alone.
+an accelerator), SDPA attention (flash-attention is CUDA-only), the ``hf`` rollout with one process per replica
+(or verl's own vLLM rollout on vLLM's CPU build, ``rollout="vllm"``, in eager mode), and Ray sizing that places
+on a 2-core machine (Ray CPUs are logical, so over-subscription is safe; one TransferQueue storage unit instead
+of eight). Everything else in the user's config is left alone.
 
 With ``sampler_ranks`` set, the list also lays out a separate rollout pool for the trainer modes that keep samplers
 and trainer apart (verl's ``separate_async``, verl-pipe's ``one_off_pipeline`` / ``minibatch_pipeline``), with the
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
+
+ROLLOUT_ENGINES = ("hf", "vllm")
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,16 @@ class CpuBackendConfig:
     # Join an existing cluster (``ray start --head`` with VERL_PLATFORM=cpu in its environment) instead of
     # starting one; Ray then refuses num_cpus, so it is not passed.
     ray_address: Optional[str] = None
+    # The rollout engine: "hf" (the plugin's HF-transformers server, no extra install) or "vllm" (verl's vLLM
+    # rollout; needs vLLM's CPU build, ``make install-vllm``).
+    rollout: str = "hf"
 
     def validate(self) -> None:
+        if self.rollout not in ROLLOUT_ENGINES:
+            raise ValueError(
+                f"rollout must be one of {', '.join(ROLLOUT_ENGINES)}, got {self.rollout!r} "
+                "(actor_rollout_ref.rollout.name)"
+            )
         if self.ranks < 1:
             raise ValueError(f"ranks must be >= 1, got {self.ranks} (trainer.n_gpus_per_node on the CPU backend)")
         if self.sampler_ranks < 0:
@@ -60,7 +72,9 @@ def cpu_backend_overrides(cfg: CpuBackendConfig = CpuBackendConfig()) -> list[st
         "critic.strategy=fsdp2",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "+critic.model.override_config.attn_implementation=sdpa",  # only read when a critic is used (GAE)
-        "actor_rollout_ref.rollout.name=hf",
+        f"actor_rollout_ref.rollout.name={cfg.rollout}",
+        # Eager mode is what this backend runs and tests; vLLM's compiled CPU path is untested here.
+        *(["actor_rollout_ref.rollout.enforce_eager=True"] if cfg.rollout == "vllm" else []),
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"actor_rollout_ref.rollout.agent.num_workers={cfg.agent_workers}",
         f"reward.num_workers={cfg.reward_workers}",

