@@ -91,6 +91,39 @@ def test_abort_returns_partial_tokens(generator):
     assert len(result.token_ids) == 3 == len(result.log_probs)
 
 
+def test_weights_swapped_between_decode_steps_keep_the_kv_cache_and_tag_each_token(tiny_model_path):
+    """An in-flight weight update: new weights load between two decode steps of a running batch, no request is
+    aborted or re-prefilled, and every token records the version that sampled it."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    no_eos = BatchedGenerator(model, eos_token_ids=[10**6], pad_token_id=0)
+    request = GenerationRequest([5, 6, 7], max_tokens=8, temperature=0.0)
+    reference = no_eos.generate([request])[0]  # the old weights throughout
+    assert reference.token_versions == [], "no policy_version callback: nothing recorded"
+
+    input_widths: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _m, _a, kw: input_widths.append(kw["input_ids"].shape[1]),
+                                           with_kwargs=True)  # fmt: skip
+    calls = {"n": 0}
+
+    def policy_version() -> int:
+        calls["n"] += 1
+        if calls["n"] == 4:  # before the 4th forward pass: load "v1" (every weight scaled)
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.mul_(1.5)
+        return 0 if calls["n"] < 4 else 1
+
+    try:
+        swapped = no_eos.generate([request], policy_version=policy_version)[0]
+    finally:
+        hook.remove()
+    assert swapped.finish_reason == "length" and len(swapped.token_ids) == 8
+    assert swapped.token_versions == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert swapped.token_ids[:3] == reference.token_ids[:3] and swapped.log_probs[:3] == reference.log_probs[:3]
+    assert swapped.log_probs[3:] != pytest.approx(reference.log_probs[3:], abs=1e-3), "v1 sampled tokens 4.."
+    assert input_widths[0] == 3 and set(input_widths[1:]) == {1}, "one prefill, then one token a step: KV kept"
+
+
 def test_top_k_and_top_p_filtering_by_hand():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
     out = _filter_top_k_top_p(logits, top_k=torch.tensor([2, -1]), top_p=torch.tensor([1.0, 0.7]))

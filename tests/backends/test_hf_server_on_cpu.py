@@ -125,7 +125,8 @@ def test_latency_model_holds_each_request_for_its_modelled_time(ray_cluster, tin
                          prefill_tokens_per_s=1000.0, median_response_tokens=1000, max_response_tokens=2000,
                          replica_concurrency=1, time_scale=1.0)  # fmt: skip
     ray.init(address=ray_cluster, ignore_reinit_error=True, log_to_driver=False)
-    rollout = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=8, dtype="float32")
+    rollout = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=8,
+                            dtype="float32")  # fmt: skip
     handle = (
         ray.remote(HFRolloutServer)
         .options(num_cpus=0, max_concurrency=8, runtime_env={"env_vars": worker_env_vars(model.to_json())})
@@ -158,5 +159,60 @@ def test_latency_model_holds_each_request_for_its_modelled_time(ray_cluster, tin
                                             request_id="ab2"))  # fmt: skip
         assert rest.stop_reason == "completed"
         assert rest.extra_fields["modelled_response_tokens"] == model.response_tokens([9, 9], 0), "the same request"
+    finally:
+        ray.kill(handle)
+
+
+def test_in_flight_weight_update_loads_between_decode_steps(ray_cluster, tiny_model_path):
+    """``finish_weight_update(between_decode_steps=True)``: the weights load at the running batch's next decode
+    step. The sync returns while the request is still decoding, the request is not aborted, and its tokens carry
+    the version that sampled them: the old one up to the switch, the new one after (verl's min/max tags too)."""
+    import time
+
+    import ray
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    from verl.workers.config import HFModelConfig, RolloutConfig
+    from verl_pipe.backends.cpu.hf_server import HFRolloutServer
+
+    rollout = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=1024,
+                            dtype="float32")  # fmt: skip
+    handle = (
+        ray.remote(HFRolloutServer)
+        .options(num_cpus=0, max_concurrency=8)
+        .remote(config=OmegaConf.structured(rollout), model_config=HFModelConfig(path=tiny_model_path), replica_rank=0)
+    )
+    try:
+        _call(handle.set_global_steps.remote(3))
+        greedy = {"temperature": 0}
+        # a prompt whose greedy answer runs long enough to be caught mid-decode (deterministic for the tiny model)
+        for first in range(5, 80):
+            started = time.monotonic()
+            reference = _call(handle.generate.remote(prompt_ids=[first, first + 1], sampling_params=greedy,
+                                                     request_id=f"probe{first}"))  # fmt: skip
+            if time.monotonic() - started > 1.0 and len(reference.token_ids) >= 200:
+                break
+        else:
+            pytest.skip("no prompt decodes long enough on this machine to catch a request mid-decode")
+        prompt = [first, first + 1]
+        ref = handle.generate.remote(prompt_ids=prompt, sampling_params=greedy, request_id="in-flight")
+        time.sleep(0.3)  # the batch is decoding now
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        torch.manual_seed(2)
+        perturbed = [(k, v + 0.05 * torch.randn_like(v)) for k, v in model.state_dict().items()]
+        _call(handle.update_weights.remote(perturbed))
+        info = _call(handle.finish_weight_update.remote(4, between_decode_steps=True))
+        still_decoding, _ = ray.wait([ref], timeout=0)
+        assert info["global_steps"] == 4 and not still_decoding, "the sync returned while the request decoded on"
+        out = _call(ref)
+        assert out.stop_reason == "completed"
+        versions = out.extra_fields["token_versions"]
+        switch = versions.index(4)
+        assert len(versions) == len(out.token_ids) and 0 < switch
+        assert versions == [3] * switch + [4] * (len(versions) - switch)
+        assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (3, 4)
+        assert out.extra_fields["global_steps"] == 4
+        assert out.token_ids[:switch] == reference.token_ids[:switch], "the old weights decoded up to the switch"
     finally:
         ray.kill(handle)

@@ -32,6 +32,7 @@ import functools
 import inspect
 import math
 import time
+import types
 from typing import Any
 
 from verl_pipe.bench.latency import LatencyModel, active_model
@@ -186,27 +187,28 @@ def _patch_update_weights() -> None:
 _LLM_SERVER = "verl.workers.rollout.llm_server"
 
 
-class _ScaledPauses:
-    """What verl's ``llm_server`` module sees as ``asyncio``: the same module, with its retry pauses scaled."""
+_SCALED_MARK = "__verl_pipe_scaled_pauses__"
 
-    def __init__(self, real):
-        self._real = real
 
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    async def sleep(self, delay, result=None):
-        model = active_model()
-        if model is not None:
-            fired("latency_model_partial_rollout_pause")
-            delay = max(0.02, min(float(delay), model.wall(float(delay))))  # the floor of the scaled polls
-        return await self._real.sleep(delay, result)
+async def _scaled_sleep(delay, result=None):
+    model = active_model()
+    if model is not None:
+        fired("latency_model_partial_rollout_pause")
+        delay = max(0.02, min(float(delay), model.wall(float(delay))))  # the floor of the scaled polls
+    return await asyncio.sleep(delay, result)
 
 
 def _patch_partial_rollout_pause() -> None:
     module = __import__(_LLM_SERVER, fromlist=["FullyAsyncLLMServerClient"])
-    if not isinstance(module.asyncio, _ScaledPauses):
-        module.asyncio = _ScaledPauses(module.asyncio)
+    if getattr(module.asyncio, _SCALED_MARK, False):
+        return
+    # What verl's llm_server module sees as ``asyncio``: a plain module holding asyncio's names, with ``sleep``
+    # scaled (a copy, not a proxy: nothing here may run attribute hooks while the interpreter shuts down).
+    scaled = types.ModuleType("asyncio", "asyncio, with its sleep scaled by the benchmark's latency model")
+    scaled.__dict__.update({name: value for name, value in vars(asyncio).items() if not name.startswith("__")})
+    scaled.sleep = _scaled_sleep
+    setattr(scaled, _SCALED_MARK, True)
+    module.asyncio = scaled
 
 
 _MODELLED_KEY = "modelled_response_tokens"

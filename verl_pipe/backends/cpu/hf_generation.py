@@ -4,7 +4,10 @@ One call decodes a whole batch of requests, each with its own sampling parameter
 max tokens), with a KV cache and left padding. It returns, per request, the sampled tokens, the log-probability
 of each under the policy (``log_softmax(logits / temperature)``, which is what verl's actor recomputes, so the
 two can be compared token by token) and why decoding stopped. A ``should_stop`` callback is polled between
-decode steps so a weight sync can abort a running batch and keep the tokens produced so far.
+decode steps so a weight sync can abort a running batch and keep the tokens produced so far. A
+``policy_version`` callback runs before every forward pass instead: it may load new weights into the model
+right there (an in-flight weight update: the running requests keep their KV cache and go on decoding under the
+new weights), and each token records the version of the forward pass that sampled it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class GenerationResult:
     log_probs: list[float] = field(default_factory=list)
     # "stop" (an end-of-sequence token), "length" (max_tokens reached) or "abort" (should_stop fired).
     finish_reason: str = "length"
+    # The policy version of the forward pass that sampled each token (generate's policy_version; empty without it).
+    token_versions: list[int] = field(default_factory=list)
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -66,9 +71,12 @@ class BatchedGenerator:
         should_stop: Optional[Callable[[], bool]] = None,
         generator: Optional[torch.Generator] = None,
         on_finished: Optional[Callable[[int, GenerationResult], None]] = None,
+        policy_version: Optional[Callable[[], Optional[int]]] = None,
     ) -> list[GenerationResult]:
         """Decode ``requests`` as one batch. ``on_finished(index, result)`` is called the moment a request is
-        complete (EOS or its length), so a server can hand it back while the rest of the batch decodes."""
+        complete (EOS or its length), so a server can hand it back while the rest of the batch decodes.
+        ``policy_version()`` is called in this thread before every forward pass (the prefill included); it may swap
+        the model's weights first, and returns the version the pass runs under (None: not recorded)."""
         results = [GenerationResult() for _ in requests]
         active_idx = [i for i, r in enumerate(requests) if r.max_tokens > 0]
         if on_finished is not None:
@@ -92,6 +100,7 @@ class BatchedGenerator:
             prefill_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             prefill_mask[row, width - len(prompt) :] = 1
         prefill_pos = (prefill_mask.cumsum(-1) - 1).clamp(min=0)
+        logits_version = policy_version() if policy_version is not None else None
         # logits_to_keep=1: only the last position's logits are needed, not prompt_len x vocab of them.
         out = self.model(
             input_ids=prefill_ids,
@@ -130,6 +139,8 @@ class BatchedGenerator:
                 res = results[active_idx[row]]
                 res.token_ids.append(int(tokens[row]))
                 res.log_probs.append(float(token_log_probs[row]))
+                if logits_version is not None:
+                    res.token_versions.append(logits_version)
             produced += (~finished).long()
             hit_eos = torch.isin(tokens, self.eos_token_ids) & ~finished
             hit_len = (produced >= max_tokens) & ~finished & ~hit_eos
@@ -146,6 +157,8 @@ class BatchedGenerator:
                     results[active_idx[row]].finish_reason = "abort"
                 break
 
+            if policy_version is not None:  # new weights, if any, apply here: between two decode steps
+                logits_version = policy_version()
             # Finished rows keep decoding a pad token (cheaper than reshaping the cache); their output is ignored.
             next_tokens = torch.where(finished, torch.full_like(tokens, self.pad_token_id), tokens)
             attention_mask = torch.cat([attention_mask, torch.ones((bsz, 1), dtype=torch.long)], dim=-1)

@@ -9,7 +9,11 @@ Concurrent requests are batched: each ``generate`` call parks its request in a q
 everything queued when it becomes free, so requests that arrive while a batch runs join the next batch. Each
 request is answered the moment it finishes, not when its batch does, so verl's streaming reward scores it while
 the rest of the batch decodes (as on a GPU server). Weight updates and aborts are serialised against that loop,
-never against individual requests.
+never against individual requests: a weight update applies between batches, or, asked for with
+``finish_weight_update(between_decode_steps=True)``, at the running batch's next decode step, where every request
+keeps its KV cache and decodes on under the new weights (an in-flight update, as in PipelineRL). Each answer
+reports the versions that sampled its tokens (``global_steps``, ``min_/max_global_steps``, and ``token_versions``
+when they differ).
 """
 
 from __future__ import annotations
@@ -42,9 +46,14 @@ GATHER_QUIET_S = 0.05
 GATHER_MAX_S = 0.5
 
 
-def _resolve(future: asyncio.Future, result: GenerationResult) -> None:
+def _resolve(future: asyncio.Future, result: Any) -> None:
     if not future.done():
         future.set_result(result)
+
+
+def _fail(future: asyncio.Future, error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 def server_actor_name(replica_rank: int, is_reward_model: bool = False, name_suffix: str = "") -> str:
@@ -55,7 +64,12 @@ def server_actor_name(replica_rank: int, is_reward_model: bool = False, name_suf
 def _cut_result(result: GenerationResult, share: float) -> GenerationResult:
     """The first ``share`` of an answer's tokens, as an aborted answer (what a sync leaves of a timed request)."""
     keep = int(share * len(result.token_ids))
-    return GenerationResult(token_ids=result.token_ids[:keep], log_probs=result.log_probs[:keep], finish_reason="abort")
+    return GenerationResult(
+        token_ids=result.token_ids[:keep],
+        log_probs=result.log_probs[:keep],
+        finish_reason="abort",
+        token_versions=result.token_versions[:keep],
+    )
 
 
 @dataclass
@@ -103,6 +117,8 @@ class HFRolloutServer:
         self._abort_requested = False
         self._rejecting = False
         self._staged_weights: dict[str, torch.Tensor] = {}
+        # An update waiting for the running batch's next decode step: (global_steps, its waiter).
+        self._in_flight_update: Optional[tuple[Optional[int], asyncio.Future]] = None
         self._loop_task: Optional[asyncio.Task] = None
         # Generation timing (benchmarks only; :mod:`.generation_timing`): this replica's timing state.
         self._replica_timing: Optional[ReplicaTiming] = None
@@ -158,8 +174,21 @@ class HFRolloutServer:
             log_probs=result.log_probs if want_log_probs else None,
             # verl's servers report "completed" for both EOS and length; we keep the detail in extra_fields.
             stop_reason="aborted" if result.finish_reason == "abort" else "completed",
-            extra_fields={"global_steps": self.global_steps, "finish_reason": result.finish_reason, **extra_fields},
+            extra_fields={**self._version_tags(result), "finish_reason": result.finish_reason, **extra_fields},
         )
+
+    def _version_tags(self, result: GenerationResult) -> dict[str, Any]:
+        """verl's version tags of an answer, from the versions that sampled its tokens: ``global_steps`` the
+        freshest, ``min_``/``max_global_steps`` the range, and ``token_versions`` when an in-flight update fell
+        inside the answer."""
+        versions = result.token_versions
+        if not versions:
+            return {"global_steps": self.global_steps}
+        low, high = min(versions), max(versions)
+        tags: dict[str, Any] = {"global_steps": high, "min_global_steps": low, "max_global_steps": high}
+        if low != high:
+            tags["token_versions"] = list(versions)
+        return tags
 
     async def _run(self, request: GenerationRequest) -> GenerationResult:
         future = asyncio.get_running_loop().create_future()
@@ -214,18 +243,26 @@ class HFRolloutServer:
                     # Called from the decode thread; the future belongs to the event loop.
                     loop.call_soon_threadsafe(_resolve, batch[index].future, result)
 
+                def policy_version() -> Optional[int]:
+                    # Called from the decode thread before every forward pass: an in-flight update loads here.
+                    self._take_in_flight_update(loop)
+                    return self.global_steps
+
                 try:
                     results = await asyncio.to_thread(
                         self.generator.generate,
                         [p.request for p in batch],
                         lambda: self._abort_requested,
                         on_finished=release,
+                        policy_version=policy_version,
                     )
                 except Exception as error:  # surface the failure to every waiting request, never hang them
                     for pending in batch:
                         if not pending.future.done():
                             pending.future.set_exception(error)
                     continue
+                finally:
+                    self._take_in_flight_update(loop)  # the batch ended before its next decode step
             tokens = sum(len(r.token_ids) for r in results)
             logger.info("hf rollout %d: batch of %d requests, %d tokens", self.replica_rank, len(batch), tokens)
             self.stats["batches"] += 1
@@ -243,31 +280,69 @@ class HFRolloutServer:
             self._staged_weights[name] = tensor
         return len(named_tensors)
 
-    async def finish_weight_update(self, global_steps: Optional[int] = None) -> dict[str, Any]:
-        """Apply the staged weights between batches and record the policy version they represent."""
+    async def finish_weight_update(
+        self, global_steps: Optional[int] = None, between_decode_steps: bool = False
+    ) -> dict[str, Any]:
+        """Apply the staged weights and record the policy version they represent.
+
+        By default between batches (a running batch finishes first). With ``between_decode_steps`` the weights load
+        at the running batch's next decode step instead: no request is aborted, each keeps its KV cache and decodes
+        its remaining tokens under the new weights, and its tokens record which version sampled them.
+        """
+        loop = asyncio.get_running_loop()
+        if between_decode_steps and self._engine_lock.locked():
+            applied = loop.create_future()
+            self._in_flight_update = (global_steps, applied)
+
+            async def when_the_engine_is_free() -> None:  # the batch ended first (or the lock was not a batch's)
+                async with self._engine_lock:
+                    self._take_in_flight_update(loop)
+
+            fallback = loop.create_task(when_the_engine_is_free())
+            try:
+                return await applied  # normally the decode thread applies it at its next step
+            finally:
+                fallback.cancel()
         async with self._engine_lock:
-            # state_dict keeps every name of a tied tensor (lm_head.weight and embed_tokens.weight).
-            params = self.model.state_dict(keep_vars=True)
-            unknown = sorted(set(self._staged_weights) - set(params))
-            if unknown:
-                self._staged_weights.clear()
-                raise KeyError(f"weight sync sent tensors the rollout model does not have: {unknown[:5]}")
-            probe_path = os.environ.get(WEIGHT_SYNC_PROBE_ENV)
-            before = self.generator.score(PROBE_PROMPT_IDS, PROBE_RESPONSE_IDS) if probe_path else None
-            with torch.no_grad():
-                for name, tensor in self._staged_weights.items():
-                    params[name].copy_(tensor.to(params[name].dtype))
-            updated = len(self._staged_weights)
+            return self._apply_staged_weights(global_steps)
+
+    def _apply_staged_weights(self, global_steps: Optional[int]) -> dict[str, Any]:
+        """Copy the staged weights into the model (whoever holds the engine: the lock holder or the decode thread)."""
+        # state_dict keeps every name of a tied tensor (lm_head.weight and embed_tokens.weight).
+        params = self.model.state_dict(keep_vars=True)
+        unknown = sorted(set(self._staged_weights) - set(params))
+        if unknown:
             self._staged_weights.clear()
-            if probe_path:
-                after = self.generator.score(PROBE_PROMPT_IDS, PROBE_RESPONSE_IDS)
-                record = {"replica": self.replica_rank, "global_steps": global_steps, "before": before, "after": after}
-                with open(probe_path, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(record) + "\n")
-            if global_steps is not None:
-                self.global_steps = global_steps
-            self.stats["weight_updates"] += 1
+            raise KeyError(f"weight sync sent tensors the rollout model does not have: {unknown[:5]}")
+        probe_path = os.environ.get(WEIGHT_SYNC_PROBE_ENV)
+        before = self.generator.score(PROBE_PROMPT_IDS, PROBE_RESPONSE_IDS) if probe_path else None
+        with torch.no_grad():
+            for name, tensor in self._staged_weights.items():
+                params[name].copy_(tensor.to(params[name].dtype))
+        updated = len(self._staged_weights)
+        self._staged_weights.clear()
+        if probe_path:
+            after = self.generator.score(PROBE_PROMPT_IDS, PROBE_RESPONSE_IDS)
+            record = {"replica": self.replica_rank, "global_steps": global_steps, "before": before, "after": after}
+            with open(probe_path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+        if global_steps is not None:
+            self.global_steps = global_steps
+        self.stats["weight_updates"] += 1
         return {"updated_tensors": updated, "global_steps": self.global_steps}
+
+    def _take_in_flight_update(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Apply a pending in-flight update now (called where the engine is held) and release its waiter."""
+        pending, self._in_flight_update = self._in_flight_update, None
+        if pending is None:
+            return
+        global_steps, applied = pending
+        try:
+            result = self._apply_staged_weights(global_steps)
+        except Exception as error:  # the waiter gets the failure; the batch goes on under the old weights
+            loop.call_soon_threadsafe(_fail, applied, error)
+            return
+        loop.call_soon_threadsafe(_resolve, applied, result)
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
