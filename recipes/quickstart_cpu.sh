@@ -10,7 +10,7 @@ set -euo pipefail
 MODEL=${MODEL:-smollm2}            # smollm2 | tiny | path to an HF model folder
 STEPS=${STEPS:-3}
 RANKS=${RANKS:-1}                  # trainer ranks (gloo); in sync mode each is also one hf rollout replica
-MODE=${MODE:-sync}                 # sync | separate_async | one_off_pipeline | minibatch_pipeline (quickstart --mode)
+MODE=${MODE:-sync}                 # sync | separate_async | one_off_pipeline | minibatch_pipeline | in_flight_pipeline
 OUT_DIR=${OUT_DIR:-runs/quickstart_cpu-$(date +%Y%m%d-%H%M%S)}
 
 export VERL_PLATFORM=cpu

@@ -23,6 +23,7 @@ MODE_LAYOUT = {
     "separate_async": (True, "gloo"),
     "one_off_pipeline": (True, "gloo"),
     "minibatch_pipeline": (True, "gloo"),
+    "in_flight_pipeline": (True, "gloo"),
 }
 
 
@@ -183,7 +184,7 @@ def test_mode_passes_the_recipes_dry_run(mode):
     assert summary.use_v1 and summary.trainer_mode == mode and summary.device == "cpu"
     assert summary.layout["hybrid_engine"] is (not separate) and summary.weight_sync == engine
     assert (summary.layout["trainer_gpus"], summary.layout["sampler_gpus"]) == (1, 1 if separate else 0)
-    if mode in ("one_off_pipeline", "minibatch_pipeline"):
+    if mode in ("one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline"):
         assert summary.parameter_sync_step == 1  # the pipelined trainer's own derivation accepted the layout
 
 

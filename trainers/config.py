@@ -39,6 +39,14 @@ class PipelineConfig:
     # zero); a step left with no group skips its optimizer step too. Off by default: under token-mean the
     # kept tokens then weigh more than in verl's run (seed 002's "deferred logprobs").
     skip_uniform_reward_groups: bool = False
+    # in_flight_pipeline only. The lag bound, in policy versions and per token: a token sampled by v_j may train
+    # at step k only if (k - 1) - j <= max_lag (the trainer holds v_{k-1}). 0 trains exactly what verl's sync
+    # mode trains; 1 (default) lets generation run on while the trainer updates.
+    max_lag: int = 1
+    # in_flight_pipeline only. Prompt groups submitted and not finished at once (default: (max_lag + 1) x
+    # data.train_batch_size, all the lag bound admits): a slot is refilled once its group finishes and the bound
+    # allows, across step boundaries; the replicas queue what they cannot run.
+    max_in_flight_prompts: Optional[int] = None
 
     @classmethod
     def from_section(cls, mode: str, section: Any) -> "PipelineConfig":
@@ -61,4 +69,10 @@ class PipelineConfig:
                 f"trainer.v1.{mode}.max_staleness must be a whole number >= 0 (or null to keep every sample), "
                 f"got {cfg.max_staleness!r}"
             )
+        for key, floor in (("max_lag", 0), ("max_in_flight_prompts", 1)):
+            value = getattr(cfg, key)
+            if value is None and key == "max_in_flight_prompts":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < floor:
+                raise PipelineConfigError(f"trainer.v1.{mode}.{key} must be a whole number >= {floor}, got {value!r}")
         return cfg

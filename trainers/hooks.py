@@ -13,8 +13,12 @@ import importlib
 
 from verl_pipe.import_hooks import when_imported
 
-TRAINER_MODULES = ("verl_pipe.trainers.ray_trainer_async", "verl_pipe.trainers.ray_trainer_pipeline")
-TRAINER_MODES = ("one_off_pipeline", "minibatch_pipeline")
+TRAINER_MODULES = (
+    "verl_pipe.trainers.ray_trainer_async",
+    "verl_pipe.trainers.ray_trainer_pipeline",
+    "verl_pipe.trainers.ray_trainer_in_flight",
+)
+TRAINER_MODES = ("one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline")
 CHECKPOINT_ENGINE_MODULE = "verl_pipe.backends.cpu.gloo_checkpoint_engine"
 
 

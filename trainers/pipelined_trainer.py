@@ -34,7 +34,7 @@ from verl_pipe.trainers.config import PipelineConfig
 from verl_pipe.trainers.filtered_samples import FilteredSamples
 from verl_pipe.trainers.layout_checks import check_layout
 from verl_pipe.trainers.sample_filters import is_padding_only
-from verl_pipe.trainers.sampler_slot import select_pipeline_replay_buffer
+from verl_pipe.trainers.sampler_slot import REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH, select_pipeline_replay_buffer
 from verl_pipe.trainers.step_ledger import StepLedger
 from verl_pipe.trainers.timeline import Timeline
 from verl_pipe.trainers.timeline_recorder import TimelineRecorder
@@ -44,6 +44,7 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
     """Base of ``minibatch_pipeline`` and ``one_off_pipeline``; subclasses set ``MODE`` and the schedule."""
 
     MODE = ""
+    REPLAY_BUFFER = (REPLAY_BUFFER_PATH, REPLAY_BUFFER_NAME)  # named in verl's custom-sampler slot
 
     def __init__(self, config):
         self.pipeline_cfg = PipelineConfig.from_section(self.MODE, config.trainer.v1.get(self.MODE, {}))
@@ -57,7 +58,7 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
             if self.MODE not in config.trainer.v1:
                 config.trainer.v1[self.MODE] = {}
             config.trainer.v1[self.MODE].parameter_sync_step = self.parameter_sync_step_for(config)
-        select_pipeline_replay_buffer(config)  # verl's constructor builds the buffer the config names
+        select_pipeline_replay_buffer(config, *self.REPLAY_BUFFER)  # verl's constructor builds the one named
         super().__init__(config)
         ledger_path = self._resolve_path(self.pipeline_cfg.ledger_path, "pipeline_ledger.jsonl")
         self._ledger = StepLedger(ledger_path, self.MODE) if ledger_path else None

@@ -1,6 +1,6 @@
 """The ``verl-pipe`` command: utilities around verl runs (training itself stays ``python -m verl.trainer.main_ppo``).
 
-verl-pipe quickstart [--model smollm2|tiny|PATH] [--rollout hf|vllm] [--steps N] [--mode sync|separate_async|one_off_pipeline|minibatch_pipeline] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
+verl-pipe quickstart [--model smollm2|tiny|PATH] [--rollout hf|vllm] [--steps N] [--mode sync|separate_async|one_off_pipeline|minibatch_pipeline|in_flight_pipeline] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
 verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]   (or verl's own metrics log; or a timeline.json: a Gantt PNG)
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
@@ -85,6 +85,7 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         out_dir=args.out_dir,
         ray_address=args.ray_address,
         rollout=args.rollout,
+        replica_batches=args.replica_batches,
     )
     report = run_bench(cfg)
     return _print_report(format_report(report), report, args.out)
@@ -223,8 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
         "pipeline", help="our pipelined trainers vs verl's sync and separate_async modes on a simulated GPU cluster"
     )
     pipe.add_argument("--profiles", default="coding,math", help="comma-separated: coding, math")
-    pipe.add_argument("--schedules", help="comma-separated subset (default: all five for coding; both sync baselines and one-off for math)")
-    pipe.add_argument("--steps", type=int, default=3, help="measured steps per run, after the warm-up")
+    pipe.add_argument("--schedules", help="comma-separated subset (default: all seven for coding; both sync baselines, "
+                      "separate_async, one-off and in-flight for math)")
+    pipe.add_argument("--steps", type=int, default=4, help="measured steps per run, after the warm-up")
+    pipe.add_argument("--replica-batches", dest="replica_batches", type=int, default=2,
+                      help="batches of requests a sampler replica runs at once (its KV capacity; the rest queue)")
     pipe.add_argument("--warmup-steps", dest="warmup_steps", type=int, default=2)
     pipe.add_argument("--unit-s", dest="unit_s", type=float, default=4.0, help="wall seconds of one batch's generation")
     pipe.add_argument("--seed", type=int, default=0)

@@ -65,6 +65,11 @@ TRAINER_MODES: dict[str, TrainerMode] = {
             separate_pools=True,
             summary="verl-pipe: the trainer updates on each minibatch of finished groups while the rest generate",
         ),
+        TrainerMode(
+            "in_flight_pipeline",
+            separate_pools=True,
+            summary="verl-pipe: the samplers never drain; new weights load between decode steps (lag bound 1)",
+        ),
     )
 }
 _MODE_KEY = "trainer.v1.trainer_mode"

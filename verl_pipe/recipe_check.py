@@ -36,7 +36,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
-PIPELINED_MODES = ("one_off_pipeline", "minibatch_pipeline")
+PIPELINED_MODES = ("one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline")
 _KEY_IN_TEXT = re.compile(r"((?:trainer|actor_rollout_ref|data|algorithm|critic|reward)\.[\w.]+)")
 
 

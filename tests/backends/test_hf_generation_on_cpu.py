@@ -148,3 +148,19 @@ def test_shared_prompt_rows_match_unshared_decoding(generator):
     for result in sampled:
         expected = generator.score(prompt, result.token_ids)
         assert max(abs(a - b) for a, b in zip(expected, result.log_probs)) < 1e-4
+
+
+def test_seeded_rows_sample_the_same_tokens_in_any_batch(generator):
+    """Guards: a seeded request's samples depending on its batch mates or their order (a lag-0 in-flight run must
+    sample what sync samples, whatever the batching); the control: another seed samples something else."""
+    prompt = [5, 6, 7, 8]
+    mates = [GenerationRequest(list(range(30, 41)), 12, 1.0, seed=11), GenerationRequest([9, 10], 5, 1.0)]
+    alone = generator.generate([GenerationRequest(prompt, 16, 1.0, seed=1234)])[0]
+    first = generator.generate([GenerationRequest(prompt, 16, 1.0, seed=1234), *mates])[0]
+    last = generator.generate([*mates, GenerationRequest(prompt, 16, 1.0, seed=1234)])[2]
+    assert alone.token_ids == first.token_ids == last.token_ids
+    others = [generator.generate([GenerationRequest(prompt, 16, 1.0, seed=s)])[0].token_ids for s in (1, 2, 3)]
+    assert any(tokens != alone.token_ids for tokens in others), "seeds must matter"
+    # the seeded draws still follow the policy: their log-probs are the model's (teacher-forced) ones
+    expected = generator.score(prompt, alone.token_ids, 1.0)
+    assert max(abs(a - b) for a, b in zip(expected, alone.log_probs)) < 1e-4

@@ -202,7 +202,9 @@ def test_in_flight_weight_update_loads_between_decode_steps(ray_cluster, tiny_mo
         torch.manual_seed(2)
         perturbed = [(k, v + 0.05 * torch.randn_like(v)) for k, v in model.state_dict().items()]
         _call(handle.update_weights.remote(perturbed))
-        info = _call(handle.finish_weight_update.remote(4, between_decode_steps=True))
+        # the server-wide switch in_flight_pipeline sets (verl's adapters call finish_weight_update without a flag)
+        _call(handle.set_in_flight_updates.remote(True))
+        info = _call(handle.finish_weight_update.remote(4))
         still_decoding, _ = ray.wait([ref], timeout=0)
         assert info["global_steps"] == 4 and not still_decoding, "the sync returned while the request decoded on"
         out = _call(ref)

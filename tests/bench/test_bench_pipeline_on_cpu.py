@@ -46,10 +46,11 @@ def test_step_time_is_the_loop_period_after_the_warm_up():
 
 def test_the_sampler_lane_comes_from_the_replicas_trace_for_every_schedule(tmp_path):
     """verl's separate_async records no sampler timestamps; the modelled replicas' busy spans give it (and every
-    other schedule) the same measure over the measured window, stamps[warm-up - 1] to stamps[-1]."""
+    other schedule) the same measure over the measured steps but the last, stamps[warm-up - 1] to stamps[-2] (a
+    run's last update has nothing left to overlap)."""
     from verl_pipe.bench.replica_model import sampler_trace_path
 
-    records = _records([30.0, 10.0, 10.0, 10.0], **{"timing_s/gen": 1.0})  # window 1040 .. 1060
+    records = _records([30.0, 10.0, 10.0, 10.0, 10.0], **{"timing_s/gen": 1.0})  # window 1040 .. 1060
     log = str(tmp_path / "train.log")
     with open(sampler_trace_path(str(tmp_path)), "w") as handle:
         for start, end in ((1000.0, 1045.0), (1044.0, 1050.0), (1055.0, 1070.0)):  # overlapping pieces merge
@@ -96,6 +97,8 @@ def test_config_errors_name_the_problem():
         BenchConfig(profiles=("physics",)).validate()
     with pytest.raises(ValueError, match="warmup_steps"):
         BenchConfig(warmup_steps=0).validate()
+    with pytest.raises(ValueError, match="--replica-batches"):
+        BenchConfig(replica_batches=0).validate()
 
 
 @pytest.mark.timeout(900)
@@ -121,3 +124,14 @@ def test_one_off_beats_the_reward_after_generation_baseline(tmp_path, ray_cluste
     # the sampler lane comes from the modelled replica for both schedules
     assert all(run["sampler_idle_frac"] is not None for run in runs.values())
     assert report["comparison"]["coding"]["speedup"]["one_off_pipeline"]["verl_sync_reward_after"] > 1.5
+
+
+def test_the_in_flight_lines_compare_with_separate_async_and_print_the_gap_to_the_bar():
+    peer = _run("verl_separate_async", 4.0)
+    peer.token_lag_mean, peer.token_lag_max, peer.spanning_share, peer.sampler_idle_frac = 0.9, 1.0, 0.25, 0.05
+    ours = _run("in_flight_pipeline", 3.2)
+    ours.token_lag_mean, ours.token_lag_max, ours.spanning_share, ours.sampler_idle_frac = 0.8, 1.0, 0.2, 0.08
+    runs = [r.__dict__ | {"train_s": r.train_s} for r in (peer, ours)]
+    text = format_report({"runs": runs, "comparison": compare([peer, ours]), "wall_s": 1.0, "out_dir": "/x"})
+    assert "in_flight_pipeline vs verl_separate_async: 1.25x the speed, token lag 0.80 vs 0.90" in text
+    assert "in_flight_pipeline sampler busy 92.0% of the window (3.0% short of the 95% bar)" in text

@@ -63,7 +63,9 @@ def test_calibration_follows_the_profile_shares(profile):
         lengths = [model.response_tokens([10_000 + trial], i) for i in range(requests)]
         batch_s.append(batch_generation_s(model, lengths))
         tokens.append(sum(lengths))
-    assert model.replica_concurrency == requests  # one batch fills the replica
+    assert model.replica_concurrency == requests * cfg.replica_batches == 2 * requests  # the KV room of two batches
+    one_batch = calibrate(PROFILES[profile], BenchConfig(unit_s=4.0, prompts=4, samples=8, replica_batches=1))
+    assert one_batch.replica_concurrency == requests and one_batch.time_scale == model.time_scale  # one batch fits
     gen_s = model.wall(statistics.mean(batch_s))
     assert gen_s == pytest.approx(4.0, rel=1e-6)
     assert model.wall(model.train_s(statistics.mean(tokens))) == pytest.approx(shares.train * 4.0, rel=1e-6)

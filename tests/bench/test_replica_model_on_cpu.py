@@ -1,4 +1,5 @@
-"""The modelled GPU replica: load-dependent decode, prefill stalls, queueing, and aborts that resume.
+"""The modelled GPU replica: load-dependent decode, prefill stalls, queueing, aborts that resume, and in-flight
+weight loads that stall the replica and switch the version of the tokens decoded after them.
 
 The fluid arithmetic of :class:`ReplicaSim` is checked against a plain step-by-step simulation of the roofline it
 states (every decode step costs the weights plus every running request's context, and gives each one token), so
@@ -113,6 +114,31 @@ def test_requests_beyond_the_concurrency_queue_and_prefill_stalls_the_replica():
     assert first.decoded == pytest.approx(30)
 
 
+def test_a_stall_stops_decoding_and_is_busy_only_while_requests_run():
+    model = _model(kv_step_s_per_ktoken=0.0)
+    sim = ReplicaSim(model)
+    request = ModelledRequest(total=100, decoded=0.0, prefix=50)
+    sim.admit(request)
+    sim.advance(0.05 + 0.2)  # its prefill, then 20 tokens
+    sim.stall(0.5)
+    assert sim.time_to_next_finish() == pytest.approx(0.5 + 0.8)
+    sim.advance(0.5)
+    assert request.decoded == pytest.approx(20) and sim.busy_s == pytest.approx(0.75)
+    sim.advance(0.1)
+    assert request.decoded == pytest.approx(30)
+    # on an idle replica the stall still passes (a request arriving during it waits only for the rest), not busy
+    idle = ReplicaSim(model)
+    idle.stall(0.5)
+    idle.advance(0.3)
+    assert idle.busy_s == 0.0 and idle.now == pytest.approx(0.3)
+    late = ModelledRequest(total=100, decoded=0.0, prefix=50)
+    idle.admit(late)
+    idle.advance(0.2 + 0.05)  # the rest of the stall, then its prefill
+    assert late.decoded == pytest.approx(0.0, abs=1e-9)
+    idle.advance(0.1)
+    assert late.decoded == pytest.approx(10) and idle.busy_s == pytest.approx(0.35)
+
+
 @dataclass
 class _Answer:
     token_ids: list[int]
@@ -148,7 +174,8 @@ def test_an_abort_ends_requests_where_the_replica_is_and_the_resumed_rest_pays_i
         cut, extra = await task
         first_piece_s = (loop.time() - started) / model.time_scale
         kept = len(cut.token_ids)
-        assert cut.stop_reason == "aborted" and 0 < kept < len(real) and extra["modelled_response_tokens"] == total
+        assert cut.stop_reason == "aborted" and 0 < kept < len(real)
+        assert extra == {"modelled_response_tokens": total}, "no version was ever set: no version tags"
 
         async def generate_rest():
             return _Answer(real[kept:])
@@ -160,7 +187,7 @@ def test_an_abort_ends_requests_where_the_replica_is_and_the_resumed_rest_pays_i
 
     first_piece_s, kept, rest, extra, rest_s = asyncio.run(scenario())
     assert rest.stop_reason == "completed" and rest.token_ids == real[kept:]
-    assert extra["modelled_response_tokens"] == total, "the resumed request continues the same modelled one"
+    assert extra == {"modelled_response_tokens": total}, "the resumed request continues the same modelled one"
     decoded = (first_piece_s - 0.05) * 100.0
     # what is left to decode, after a prefill of the prompt plus everything decoded before the abort
     expected = (model.prompt_tokens + decoded) / model.prefill_tokens_per_s + (total - decoded) / 100.0
@@ -183,6 +210,7 @@ def test_answers_are_held_until_their_modelled_end_and_the_replica_is_shared(tmp
                 return _Answer([1, 2, 3])
 
             answer, extra = await replica.serve(prompt, generate, lambda a: a.stop_reason == "aborted", _cut)
+            assert set(extra) == {"modelled_response_tokens"}  # no version was ever set: no version tags
             return extra["modelled_response_tokens"], loop.time()
 
         started = loop.time()
@@ -204,3 +232,122 @@ def test_answers_are_held_until_their_modelled_end_and_the_replica_is_shared(tmp
     busy_until = wall_started + end_b
     assert busy_share(spans, wall_started, busy_until) > 0.95
     assert busy_share(spans, busy_until + 0.05, busy_until + 0.3) == 0.0
+
+
+def _versioned_model(**values) -> LatencyModel:
+    """Every request 1000 modelled tokens (10 s alone), a 4 s load; 0.05 wall seconds per modelled second."""
+    base = dict(time_scale=0.05, kv_step_s_per_ktoken=0.0, median_response_tokens=1000, response_sigma=0.0,
+                sync_s=4.0, replica_concurrency=1)  # fmt: skip
+    return _model(**{**base, **values})
+
+
+_REAL = list(range(100, 140))  # the server's real tokens for each request (generated at once)
+_LOAD_AT_S = 0.05 + 4.0  # modelled: the prefill, then 400 of the 1000 tokens
+
+
+async def _serve_timed(replica: ModelledReplica, prompt: list[int], real: list[int] = _REAL):
+    """Serve one request; its answer, extra fields, and wall seconds until it came back."""
+    loop = asyncio.get_running_loop()
+
+    async def generate():
+        return _Answer(list(real))
+
+    started = loop.time()
+    answer, extra = await replica.serve(prompt, generate, lambda a: a.stop_reason == "aborted", _cut)
+    return answer, extra, loop.time() - started
+
+
+def _in_flight_failures(model: LatencyModel, answer: _Answer, end_s: float, unloaded_end_s: float) -> list[str]:
+    """What an in-flight load must do: keep the whole answer, and end it later by the load's stall."""
+    failures = []
+    if answer.stop_reason == "aborted" or answer.token_ids != _REAL:
+        failures.append("cut")
+    if end_s - unloaded_end_s < 0.5 * model.wall(model.sync_s):
+        failures.append("no stall")
+    return failures
+
+
+def test_an_in_flight_load_stalls_the_replica_and_the_rest_of_each_request_decodes_under_the_new_version():
+    model = _versioned_model()
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        replicas = {name: ModelledReplica(_versioned_model(sync_s=0.0) if name == "no_stall" else model)
+                    for name in ("in_flight", "unloaded", "aborting", "no_stall")}  # fmt: skip
+        for replica in replicas.values():
+            replica.weights_loaded(3, in_flight=False)
+        started = loop.time()
+        # one slot per replica: the in-flight replica's second request waits, and has decoded nothing at the load
+        tasks = {name: asyncio.ensure_future(_serve_timed(replica, [1])) for name, replica in replicas.items()}
+        waiting = asyncio.ensure_future(_serve_timed(replicas["in_flight"], [2]))
+        await asyncio.sleep(model.wall(_LOAD_AT_S))
+        load_s = (loop.time() - started) / model.time_scale
+        replicas["in_flight"].weights_loaded(4, in_flight=True)
+        replicas["no_stall"].weights_loaded(4, in_flight=True)
+        replicas["aborting"].abort_all()  # verl's sync: abort, then load
+        replicas["aborting"].weights_loaded(4, in_flight=False)
+        results = {name: await task for name, task in tasks.items()}
+        return results, await waiting, load_s
+
+    results, waiting, load_s = asyncio.run(scenario())
+    answer, extra, end_s = results["in_flight"]
+    unloaded_end_s = results["unloaded"][2]
+    assert results["unloaded"][1] == {"global_steps": 3, "min_global_steps": 3, "max_global_steps": 3,
+                                      "modelled_response_tokens": 1000}  # fmt: skip
+    # the answer is whole, and ends later by the load's stall (sync_s, scaled)
+    assert answer.stop_reason == "completed" and answer.token_ids == _REAL
+    assert end_s - unloaded_end_s == pytest.approx(model.wall(model.sync_s), abs=0.06)
+    # its real tokens, spread over the modelled ones: those before the load's share decoded under 3, the rest 4
+    share = (load_s - 0.05) * model.decode_tokens_per_s / 1000
+    old = extra["token_versions"].count(3)
+    assert extra["token_versions"] == [3] * old + [4] * (len(_REAL) - old)
+    assert old == pytest.approx(share * len(_REAL), abs=1.5) and 0 < old < len(_REAL)
+    assert (extra["min_global_steps"], extra["max_global_steps"], extra["global_steps"]) == (3, 4, 4)
+    assert extra["modelled_response_tokens"] == 1000
+    # the waiting request starts under the new version, after the first request (the stall included)
+    answer, extra, waiting_end_s = waiting
+    assert answer.token_ids == _REAL and "token_versions" not in extra
+    assert (extra["min_global_steps"], extra["max_global_steps"], extra["global_steps"]) == (4, 4, 4)
+    assert waiting_end_s - end_s == pytest.approx(model.wall(0.05 + 10.0), abs=0.06)
+    # the negative controls: a load that cuts the requests, or one that does not stall, fails these checks
+    assert _in_flight_failures(model, results["in_flight"][0], end_s, unloaded_end_s) == []
+    assert "cut" in _in_flight_failures(model, results["aborting"][0], results["aborting"][2], unloaded_end_s)
+    assert _in_flight_failures(model, results["no_stall"][0], results["no_stall"][2], unloaded_end_s) == ["no stall"]
+
+
+def test_after_an_aborting_sync_the_resumed_piece_is_tagged_with_the_new_version():
+    model = _versioned_model()
+
+    async def scenario():
+        replica = ModelledReplica(model)
+        replica.weights_loaded(3, in_flight=False)
+        task = asyncio.ensure_future(_serve_timed(replica, [1]))
+        await asyncio.sleep(model.wall(_LOAD_AT_S))
+        replica.abort_all()
+        replica.weights_loaded(4, in_flight=False)
+        cut, cut_extra, _ = await task
+        kept = len(cut.token_ids)
+        rest, rest_extra, _ = await _serve_timed(replica, [1] + _REAL[:kept], _REAL[kept:])
+        return cut, cut_extra, rest, rest_extra
+
+    cut, cut_extra, rest, rest_extra = asyncio.run(scenario())
+    assert cut.stop_reason == "aborted" and 0 < len(cut.token_ids) < len(_REAL)
+    assert cut_extra == {"global_steps": 3, "min_global_steps": 3, "max_global_steps": 3,
+                         "modelled_response_tokens": 1000}  # fmt: skip
+    assert cut.token_ids + rest.token_ids == _REAL
+    assert rest_extra == {"global_steps": 4, "min_global_steps": 4, "max_global_steps": 4,
+                          "modelled_response_tokens": 1000}  # fmt: skip
+
+
+def test_an_in_flight_loads_stall_is_cut_out_of_the_busy_spans(tmp_path):
+    """Guards: a sampler lane that counts the seconds its requests wait for new weights as generation (the
+    in-flight schedule's busy share would be flattered by every load)."""
+    import json
+
+    trace = tmp_path / "sampler_busy.jsonl"
+    records = [{"start": 0.0, "end": 5.0}, {"start": 4.0, "end": 10.0}, {"start": 3.0, "end": 4.5, "kind": "stall"},
+               {"start": 12.0, "end": 13.0}]  # fmt: skip
+    trace.write_text("".join(json.dumps(r) + "\n" for r in records))
+    spans = load_busy_spans(str(trace))
+    assert spans == [(0.0, 3.0), (4.5, 10.0), (12.0, 13.0)]
+    assert busy_share(spans, 0.0, 10.0) == pytest.approx(0.85)

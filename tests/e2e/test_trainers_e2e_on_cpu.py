@@ -113,23 +113,30 @@ def test_trainer_syncs_weights_to_rollout(
 
 
 @pytest.mark.parametrize("trainer", ["v1", "legacy"])
-def test_grpo_plus_through_verls_trainer(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, trainer):
+def test_grpo_plus_through_verls_trainer(
+    tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, grpo_plus_run, trainer
+):
     """3 steps with algorithm.adv_estimator=grpo_plus and policy_loss.loss_mode=grpo_plus (the preset).
 
     The random tiny model rarely emits EOS, so most responses are truncated; with overlong_filter=wrong the
-    ones the test reward scores 0 are masked and the rest train, so both the mask and real updates run.
+    ones the test reward scores 0 are masked and the rest train, so both the mask and real updates run. The V1
+    run is the session's shared one (``grpo_plus_run``: the in-flight tests compare their lag-0 run with it).
     """
     cfg = _cfg(tmp_path, tiny_model_path, trainer, 1, ray_cluster, algorithm="grpo_plus", steps=3)
-    run_dir = cfg.out_dir
-    train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
-    overrides = training_overrides(cfg, tiny_model_path, train_file, val_file, run_dir) + [
-        f"reward.custom_reward_function.path={LENGTH_REWARD}",
-        "reward.custom_reward_function.name=half_zero_score",
-        "actor_rollout_ref.actor.policy_loss.overlong_filter=wrong",
-    ]
-    assert "algorithm.adv_estimator=grpo" not in overrides
-    rc, steps, log = verl_runner(overrides, run_dir)
-    assert rc == 0, tail_of(log)
+    if trainer == "v1":
+        shared = grpo_plus_run("sync")
+        steps, log = shared.steps, shared.log
+    else:
+        run_dir = cfg.out_dir
+        train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
+        overrides = training_overrides(cfg, tiny_model_path, train_file, val_file, run_dir) + [
+            f"reward.custom_reward_function.path={LENGTH_REWARD}",
+            "reward.custom_reward_function.name=half_zero_score",
+            "actor_rollout_ref.actor.policy_loss.overlong_filter=wrong",
+        ]
+        assert "algorithm.adv_estimator=grpo" not in overrides
+        rc, steps, log = verl_runner(overrides, run_dir)
+        assert rc == 0, tail_of(log)
     records = _step_records(steps)
     assert len(records) == 3, tail_of(log)
     for data in records:

@@ -18,7 +18,9 @@ schedules, not implementations:
   would wait a quarter of a compressed batch;
 * ``FullyAsyncLLMServerClient.generate`` again: the client of every separate-pool mode rebuilds each answer's
   extra fields from its version tags alone, dropping the modelled length the server reported, so the update of
-  those modes would be timed on the median length instead of the real draw; the length is carried over.
+  those modes would be timed on the median length instead of the real draw; the length is carried over, and so
+  is the version of each token of an answer a sync cut and resumed (the token lag every schedule reports,
+  ``bench/token_lag/*``, is computed from them at each update).
 
 They are installed only in a process whose environment switches the model on (``VERL_PIPE_LATENCY_MODEL``), so a
 normal run is untouched; in a benchmark run they are correctness-critical (a run without them would time the
@@ -37,23 +39,30 @@ from typing import Any
 
 from verl_pipe.bench.latency import LatencyModel, active_model
 from verl_pipe.patching import fired, is_patched, mark_patched
+from verl_pipe.trainers.token_lag import sample_versions, token_lag_metrics
 
 _TRAINER = "verl.trainer.ppo.v1.trainer_base"
 _CHECKPOINT = "verl.checkpoint_engine.base"
 
 
-def modelled_tokens(batch, model: LatencyModel) -> tuple[list[int], int]:
-    """Modelled response lengths of the batch's real samples, as their rollout server drew them, and how many
-    samples had none and were given the median (none should: ``latency_model_keeps_modelled_length``)."""
+def real_samples(batch) -> tuple[list[dict], list[dict]]:
+    """Tags and extra fields (what the rollout server reported) of the batch's real samples, padding left out."""
     import transfer_queue as tq
 
-    keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
-    if not keys:
-        return [], 0
-    extras = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+    real = [(key, tag) for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+    if not real:
+        return [], []
+    extras = tq.kv_batch_get(keys=[k for k, _ in real], partition_id=batch.partition_id, select_fields=["extra_fields"])
+    fields = [extra if isinstance(extra, dict) else {} for extra in extras.pop("extra_fields").tolist()]
+    return [tag for _, tag in real], fields
+
+
+def modelled_tokens(extras: list[dict], model: LatencyModel) -> tuple[list[int], int]:
+    """Modelled response lengths of the samples, as their rollout server drew them, and how many samples had none
+    and were given the median (none should: ``latency_model_keeps_modelled_length``)."""
     tokens, defaulted = [], 0
-    for extra in extras.pop("extra_fields").tolist():
-        value = extra.get("modelled_response_tokens") if isinstance(extra, dict) else None
+    for extra in extras:
+        value = extra.get("modelled_response_tokens")
         defaulted += value is None
         tokens.append(int(value) if value is not None else model.median_response_tokens)
     return tokens, defaulted
@@ -82,8 +91,12 @@ def _patch_update_actor() -> None:
         started = time.monotonic()
         result = original(self, batch, metrics)
         if model is not None:
-            tokens, defaulted = modelled_tokens(batch, model)
+            tags, extras = real_samples(batch)
+            tokens, defaulted = modelled_tokens(extras, model)
             metrics["bench/modelled_tokens_defaulted"] = metrics.get("bench/modelled_tokens_defaulted", 0) + defaulted
+            # every schedule's token lag, from the versions the modelled replicas tagged each token with
+            trained = self.__dict__.setdefault(_STEP_SAMPLES, [])
+            trained.extend(sample_versions(tag, extra, modelled=True) for tag, extra in zip(tags, extras))
             _pad_until(started, model.train_s(sum(tokens)), model)
         return result
 
@@ -134,6 +147,7 @@ def _patch_replay_buffer_poll() -> None:
 
 
 _STEP_CLOCK_MARK = "__verl_pipe_step_clock__"
+_STEP_SAMPLES = "_verl_pipe_bench_step_samples"  # the step's trained samples' versions, on the trainer
 
 
 def _patch_step_clock() -> None:
@@ -148,6 +162,9 @@ def _patch_step_clock() -> None:
         # verl's step timer leaves out what runs between steps (metrics, logging); the time between these
         # stamps is the real period of the training loop, the same measure for every schedule.
         metrics["bench/step_end_ts"] = time.time()
+        samples = self.__dict__.pop(_STEP_SAMPLES, [])
+        if samples:
+            metrics.update(token_lag_metrics(samples, trainer_version=self.global_steps - 1, prefix="bench"))
         return original(self, batch, metrics, *args, **kwargs)
 
     setattr(_compute_metrics, _STEP_CLOCK_MARK, True)
@@ -222,13 +239,18 @@ def _patch_keep_modelled_length() -> None:
     base_generate, full_generate = base.generate, full.generate
     # (client, request_id) -> the modelled length the server reported for the request's latest piece
     reported: dict[tuple[int, Any], int] = {}
+    # (client, request_id) -> the version of each token of every piece so far
+    versions: dict[tuple[int, Any], list] = {}
 
     @mark_patched(base_generate)
     @functools.wraps(base_generate)
     async def generate_piece(self, request_id, *args, **kwargs):
         output = await base_generate(self, request_id, *args, **kwargs)
-        if isinstance(self, full) and _MODELLED_KEY in (output.extra_fields or {}):
-            reported[(id(self), request_id)] = output.extra_fields[_MODELLED_KEY]
+        fields = output.extra_fields or {}
+        if isinstance(self, full) and _MODELLED_KEY in fields:
+            reported[(id(self), request_id)] = fields[_MODELLED_KEY]
+            piece = fields.get("token_versions") or [fields.get("global_steps")] * len(output.token_ids)
+            versions.setdefault((id(self), request_id), []).extend(piece)
         return output
 
     @mark_patched(full_generate)
@@ -238,9 +260,13 @@ def _patch_keep_modelled_length() -> None:
             output = await full_generate(self, request_id, *args, **kwargs)
         finally:
             tokens = reported.pop((id(self), request_id), None)
+            token_versions = versions.pop((id(self), request_id), [])
         if tokens is not None and active_model() is not None:
             fired("latency_model_keeps_modelled_length")
             output.extra_fields.setdefault(_MODELLED_KEY, tokens)
+            known = [v for v in token_versions if v is not None]
+            if len(known) == len(token_versions) and len(set(known)) > 1:  # a sync cut it: keep each token's version
+                output.extra_fields.setdefault("token_versions", known)
         return output
 
     base.generate = generate_piece

@@ -9,7 +9,8 @@ Schedules, all V1:
   baseline; verl's V1 trainer always streams rule rewards, so the latency model moves it);
 * ``verl_sync``: verl's ``sync`` mode as it ships (rewards stream while the rest of the batch generates);
 * ``verl_separate_async``: verl's ``separate_async`` (separate pools, minibatch streaming, one warm-up batch);
-* ``minibatch_pipeline`` and ``one_off_pipeline``: ours.
+* ``minibatch_pipeline``, ``one_off_pipeline`` and ``in_flight_pipeline``: ours (the last never drains its sampler
+  and loads new weights between decode steps).
 
 Each phase time is held the same in every schedule (the model's per-request, per-token and per-sync costs),
 as the ideal bounds assume; what differs is only how the schedule overlaps them. The step time is the loop's
@@ -58,6 +59,7 @@ class Schedule:
     trainer_mode: str
     separate_pools: bool
     reward_after_generation: bool = False
+    extra_overrides: tuple[str, ...] = ()  # the mode's own options
 
 
 SCHEDULES = {
@@ -68,13 +70,18 @@ SCHEDULES = {
         Schedule("verl_separate_async", "separate_async", separate_pools=True),
         Schedule("minibatch_pipeline", "minibatch_pipeline", separate_pools=True),
         Schedule("one_off_pipeline", "one_off_pipeline", separate_pools=True),
+        Schedule("in_flight_pipeline", "in_flight_pipeline", separate_pools=True),
+        Schedule("in_flight_pipeline_lag2", "in_flight_pipeline", separate_pools=True,
+                 extra_overrides=("+trainer.v1.in_flight_pipeline.max_lag=2",)),  # fmt: skip
     )
 }
 BASELINES = ("verl_sync_reward_after", "verl_sync", "verl_separate_async")
-# What runs when no schedules are named. Math (reward ~0) only needs one-off against the sync baselines; the
-# two separate-pool comparisons are a coding-profile question (the long tail), and 8 runs keep the whole
-# benchmark under 15 minutes on 2 cores.
-DEFAULT_SCHEDULES = {"coding": tuple(SCHEDULES), "math": ("verl_sync_reward_after", "verl_sync", "one_off_pipeline")}
+# What runs when no schedules are named: every schedule on coding; on math (reward ~0) the sync baselines, verl's
+# separate_async and the two off-policy pipelines (minibatch's on-policy overlap is a coding-profile question).
+DEFAULT_SCHEDULES = {
+    "coding": tuple(SCHEDULES),
+    "math": ("verl_sync_reward_after", "verl_sync", "verl_separate_async", "one_off_pipeline", "in_flight_pipeline"),
+}
 SYNC_BASELINES = ("verl_sync_reward_after", "verl_sync")
 MINIBATCHES = 2  # per step, in every schedule that splits its update (minibatch_ideal assumes the same)  # the ones one-off's ideal bound is defined against
 
@@ -83,7 +90,9 @@ MINIBATCHES = 2  # per step, in every schedule that splits its update (minibatch
 class BenchConfig:
     profiles: tuple[str, ...] = ("coding", "math")
     schedules: Optional[tuple[str, ...]] = None  # None: DEFAULT_SCHEDULES of each profile
-    steps: int = 3  # measured steps, after the warm-up ones
+    # measured steps, after the warm-up ones: even, because in_flight_pipeline's steps alternate (a step whose
+    # batch generated during the previous one, then one that waits for its stragglers)
+    steps: int = 4
     # one-off's step 1 only samples and its step 2 trains a batch generated during step 1's (slow, first-call)
     # update: the steady state starts at step 3
     warmup_steps: int = 2
@@ -98,6 +107,10 @@ class BenchConfig:
     # The rollout engine of every run: "hf" or "vllm" (verl's vLLM rollout on vLLM's CPU build). Either way the
     # latency model times each request (the generation-timing slot both servers honour).
     rollout: str = "hf"
+    # Batches' worth of requests one sampler replica runs at once (the rest queue): its KV cache's capacity. The
+    # modelled 14B replica (TP-2 H100) has ~110 GB for KV at 196 KB a token, ~560K tokens: 64 requests of ~9K
+    # tokens at their longest, two batches of DeepCoder's size here.
+    replica_batches: int = 2
 
     def schedules_for(self, profile: str) -> tuple[str, ...]:
         return self.schedules or DEFAULT_SCHEDULES[profile]
@@ -110,6 +123,8 @@ class BenchConfig:
             raise ValueError("steps and warmup_steps must be >= 1 (the first step of one-off only samples)")
         if self.prompts % 2 or self.samples < 2:
             raise ValueError("prompts must be even (two minibatches per step) and samples >= 2 (GRPO groups)")
+        if self.replica_batches < 1:
+            raise ValueError(f"replica_batches must be >= 1 (--replica-batches), got {self.replica_batches}")
         if self.rollout not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout must be one of {', '.join(ROLLOUT_ENGINES)}, got {self.rollout!r} (--rollout)")
         if self.rollout == "vllm":
@@ -128,9 +143,11 @@ def calibrate(profile: Profile, cfg: BenchConfig, trials: int = 400) -> LatencyM
     averaged over batches drawn from the model's own length distribution.
     """
     requests = cfg.prompts * cfg.samples
-    # One batch fills the sampler replica: a schedule that keeps more batches in flight queues them rather than
-    # decoding them for free (a replica's KV cache bounds what it runs at once).
-    base = LatencyModel(seed=cfg.seed, reward_workers=cfg.reward_workers, replica_concurrency=requests)
+    # The replica's KV cache bounds what it runs at once: a schedule that keeps more batches in flight than it holds
+    # queues them rather than decoding them for free.
+    base = LatencyModel(
+        seed=cfg.seed, reward_workers=cfg.reward_workers, replica_concurrency=requests * cfg.replica_batches
+    )
     batch_s, tokens = [], []
     for trial in range(trials):
         lengths = [base.response_tokens([10_000 + trial], i) for i in range(requests)]
@@ -194,6 +211,7 @@ def schedule_overrides(schedule: Schedule, cfg: BenchConfig, model_path: str, ru
             "actor_rollout_ref.rollout.n_gpus_per_node=1",
             "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
         ]
+    overrides += list(schedule.extra_overrides)
     if schedule.trainer_mode == "separate_async":
         overrides.append(f"trainer.v1.separate_async.parameter_sync_step={MINIBATCHES}")
     return overrides
@@ -219,6 +237,14 @@ class RunResult:
     modelled_tokens_defaulted: float = 0.0
     # one_off_pipeline: syncs per step that went out as soon as the batch generated, before its last reward
     syncs_before_last_reward: float = 0.0
+    # policy versions between each trained token and the trainer's weights, token-weighted mean and max over the
+    # measured steps, and the share of samples whose tokens span more than one version (from the modelled replicas)
+    token_lag_mean: float = 0.0
+    token_lag_max: float = 0.0
+    spanning_share: float = 0.0
+    # in_flight_pipeline: prompt groups per step the trainer waited for (due under the lag bound) or dropped
+    held_back_groups: float = 0.0
+    dropped_groups: float = 0.0
     log: str = ""
 
     @property
@@ -252,7 +278,11 @@ def summarize_run(schedule: Schedule, profile: Profile, steps: list[dict], warmu
         bubble = min(1.0, (gen_s + sync_s + reward_after_s) / step_s)
     spans = load_busy_spans(sampler_trace_path(os.path.dirname(log))) if log else []
     if spans:  # the modelled replicas' own record: the same measure for every schedule
-        sampler_idle: Optional[float] = 1.0 - busy_share(spans, stamps[warmup_steps - 1], stamps[-1])
+        # Up to the start of the last step: a run's last batch leaves nothing to generate during its update (unless
+        # the schedule generates prompts it never trains, as verl's separate_async does), which is the end of the
+        # run, not the schedule's steady state.
+        window_end = stamps[-2] if len(periods) > 1 else stamps[-1]
+        sampler_idle: Optional[float] = 1.0 - busy_share(spans, stamps[warmup_steps - 1], window_end)
     elif "pipeline/sampler_idle_frac" in (measured[0] if measured else {}):
         sampler_idle = _mean(measured, "pipeline/sampler_idle_frac")
     elif schedule.trainer_mode == "sync":  # colocated: the replicas generate only inside the step's gen phase
@@ -276,6 +306,11 @@ def summarize_run(schedule: Schedule, profile: Profile, steps: list[dict], warmu
         spans_mean=_mean(measured, "training/off_policy/trajectory_spans/mean", 1.0),
         modelled_tokens_defaulted=_mean(measured, "bench/modelled_tokens_defaulted"),
         syncs_before_last_reward=_mean(measured, "pipeline/syncs_before_last_reward"),
+        token_lag_mean=_mean(measured, "bench/token_lag/mean"),  # the steps train equal batches
+        token_lag_max=max((float(r.get("bench/token_lag/max", 0.0)) for r in measured), default=0.0),
+        spanning_share=_mean(measured, "bench/spanning_samples_share"),
+        held_back_groups=_mean(measured, "in_flight/held_back_groups"),
+        dropped_groups=_mean(measured, "in_flight/dropped_groups"),
         log=log,
     )
 
@@ -383,13 +418,42 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
     return report
 
 
+SAMPLER_BUSY_TARGET = 0.95  # a sampler-bound schedule's physical limit (issue 20's bar for in_flight_pipeline)
+
+
+def _in_flight_lines(by_name: dict[str, dict]) -> list[str]:
+    """Each in-flight schedule against verl's separate_async (step, token lag), and its sampler's busy share."""
+    lines = []
+    peer = by_name.get("verl_separate_async")
+    for name, run in by_name.items():
+        if not name.startswith("in_flight_pipeline"):
+            continue
+        if peer is not None:
+            lines.append(
+                f"  {name} vs verl_separate_async: {peer['step_s'] / run['step_s']:.2f}x the speed, token lag "
+                f"{run['token_lag_mean']:.2f} vs {peer['token_lag_mean']:.2f} (max {run['token_lag_max']:.0f} vs "
+                f"{peer['token_lag_max']:.0f}), samples spanning versions {run['spanning_share']:.0%} vs "
+                f"{peer['spanning_share']:.0%}"
+            )
+        if run["sampler_idle_frac"] is not None:
+            busy = 1.0 - run["sampler_idle_frac"]
+            gap = SAMPLER_BUSY_TARGET - busy
+            verdict = f"{gap:.1%} short of" if gap > 0 else f"{-gap:.1%} above"
+            lines.append(
+                f"  {name} sampler busy {busy:.1%} of the window ({verdict} the {SAMPLER_BUSY_TARGET:.0%} bar); "
+                f"groups held back {run['held_back_groups']:.1f}/step, dropped {run['dropped_groups']:.1f}/step"
+            )
+    return lines
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The table a user reads: per profile, each schedule's step time, bubbles and speed-ups."""
     lines = []
     runs = report["runs"]
     for profile, comparison in report["comparison"].items():
         lines.append(f"profile {profile}")
-        header = f"  {'schedule':23s} {'step s':>7s} {'stale':>5s} {'spans':>5s} {'bubble':>7s} {'smp idle':>8s}"
+        header = f"  {'schedule':23s} {'step s':>7s} {'stale':>5s} {'spans':>5s} {'tok lag':>7s} {'bubble':>7s}"
+        header += f" {'smp idle':>8s}"
         header += f" {'rwd hid':>7s}"
         header += "".join(f" {'vs ' + b[5:]:>18s}" for b in BASELINES)
         lines.append(header)
@@ -398,7 +462,7 @@ def format_report(report: dict[str, Any]) -> str:
             hidden = run["reward_hidden_frac"]
             row = (
                 f"  {run['schedule']:23s} {run['step_s']:7.2f} {run['staleness_mean']:5.2f} "
-                f"{run['spans_mean']:5.2f} "
+                f"{run['spans_mean']:5.2f} {run['token_lag_mean']:7.2f} "
                 f"{run['trainer_bubble_frac']:7.2f} "
                 f"{'   n/a' if idle is None else f'{idle:8.2f}'} {'  n/a' if hidden is None else f'{hidden:7.2f}'}"
             )
@@ -427,6 +491,7 @@ def format_report(report: dict[str, Any]) -> str:
                 f"  on-policy floor {floor:.2f} s/step (from verl_sync's phases) vs verl_separate_async "
                 f"{other['step_s']:.2f} s/step at staleness {other['staleness_mean']:.2f}"
             )
+        lines.extend(_in_flight_lines(by_name))
     lines.append(f"wall time {report['wall_s']:.0f} s; runs in {report['out_dir']}")
     if report.get("timeline_png"):
         lines.append(f"schedules side by side: {report['timeline_png']}")

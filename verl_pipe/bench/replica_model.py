@@ -18,6 +18,12 @@ A weight sync that aborts the replica's requests (verl's ``update_weights`` does
 where the model has got to: the server returns the share of the real answer that the modelled request had
 decoded, marked aborted, and verl resubmits the rest under the new weights. The resumed request pays the prefill
 of its whole prefix again, and the sample records both policy versions.
+
+An in-flight load (PipelineRL-style, :meth:`ModelledReplica.weights_loaded` with ``in_flight``) aborts nothing:
+the replica stalls for ``sync_s`` while the weights load between two decode steps, then every running request
+decodes the rest under the new version, its KV cache kept. The answer is whole; each modelled request records
+where it switched version, and ``serve`` tags each real token with the version in force at the matching modelled
+token (``global_steps``, ``min_``/``max_global_steps``, and ``token_versions`` when they differ).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import math
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from bisect import bisect_right
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Sequence, TypeVar
 
 if TYPE_CHECKING:
@@ -48,6 +55,9 @@ class ModelledRequest:
     decoded: float  # modelled tokens decoded so far
     prefix: int  # modelled tokens to prefill when admitted: prompt, plus `decoded` if it resumes
     started_at: float = math.nan  # replica time of admission
+    # (decoded when it switched, policy version from then on), in order: the version in force at admission or
+    # resume first, then each in-flight load while it runs (None: the replica was never told a version)
+    versions: list[tuple[float, Optional[int]]] = field(default_factory=list)
 
     @property
     def remaining(self) -> float:
@@ -105,6 +115,16 @@ class ReplicaSim:
             self._stall_s += request.prefix / self.model.prefill_tokens_per_s
             self.running.append(request)
 
+    @property
+    def pending_stall_s(self) -> float:
+        """Prefill and load time still to run before decoding resumes."""
+        return self._stall_s
+
+    def stall(self, seconds: float) -> None:
+        """The replica decodes nothing for ``seconds`` (an in-flight weight load), after any prefill still due; the
+        time passes even with nothing running, but counts as busy only while requests run."""
+        self._stall_s += max(0.0, seconds)
+
     def remove(self, request: ModelledRequest) -> None:
         """Take a request out (aborted, or its real generation failed); whatever it decoded stays decoded."""
         if request in self.running:
@@ -122,13 +142,14 @@ class ReplicaSim:
     def advance(self, seconds: float) -> list[ModelledRequest]:
         """Move the replica ``seconds`` forward; returns the requests that finished, in finishing order."""
         finished: list[ModelledRequest] = []
-        while seconds > 0 and self.running:
+        while seconds > 0:
             stall = min(self._stall_s, seconds)
             self._stall_s -= stall
             self.now += stall
-            self.busy_s += stall
+            if self.running:  # a load's stall on an idle replica delays later arrivals but is not busy time
+                self.busy_s += stall
             seconds -= stall
-            if seconds <= 0:
+            if seconds <= 0 or not self.running:
                 break
             to_finish = min(r.remaining for r in self.running)
             step_s = self._steps_time(to_finish)
@@ -164,6 +185,8 @@ class ModelledReplica:
     Each request is admitted to the :class:`ReplicaSim` when it arrives; its real answer is generated at once by
     the server, and handed back when the modelled request ends. ``abort_all`` ends every modelled request where
     it has got to: its answer is cut to the share decoded, so verl resubmits the rest (to the new weights).
+    ``weights_loaded`` switches the policy version the replica runs; loaded in flight, it stalls the replica and
+    the running requests go on under it, and ``serve`` reports which version decoded each of the answer's tokens.
     """
 
     def __init__(self, model: "LatencyModel"):
@@ -179,6 +202,7 @@ class ModelledReplica:
         self._driver: Optional[asyncio.Task] = None
         self.busy_intervals: list[tuple[float, float]] = []  # wall-clock (time.time) spans with requests running
         self._busy_since: Optional[float] = None
+        self.version: Optional[int] = None  # the modelled policy version (None until weights_loaded names one)
 
     # --- the clock ------------------------------------------------------------------------------------------
 
@@ -203,12 +227,16 @@ class ModelledReplica:
             self._record_span(self._busy_since, now)
             self._busy_since = now if busy else None
 
-    def _record_span(self, start: float, end: float) -> None:
-        self.busy_intervals.append((start, end))
+    def _record_span(self, start: float, end: float, kind: str = "busy") -> None:
+        """Append a span to the trace: ``busy`` (requests running), or ``stall`` (an in-flight weight load holds
+        the running requests: inside a busy span, but nothing is generated)."""
+        if kind == "busy":
+            self.busy_intervals.append((start, end))
         path = os.environ.get(SAMPLER_TRACE_ENV)
         if path:
+            record = {"start": start, "end": end} if kind == "busy" else {"start": start, "end": end, "kind": kind}
             with open(path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps({"start": start, "end": end}) + "\n")
+                handle.write(json.dumps(record) + "\n")
 
     async def _drive(self) -> None:
         while self._waiters:
@@ -250,11 +278,14 @@ class ModelledReplica:
             del self._resumable[key]
         if request is not None:  # verl resubmits an aborted request: prompt + what it had; re-prefill all of it
             request.prefix = self.model.prompt_tokens + int(request.decoded)
+            _run_under(request, self.version)  # the new piece runs under the weights loaded since the abort
         else:
             index = self._prompt_requests.get(key, 0)
             self._prompt_requests[key] = index + 1
             total = self.model.response_tokens(key, index)
-            request = ModelledRequest(total=total, decoded=0.0, prefix=self.model.prompt_tokens)
+            request = ModelledRequest(
+                total=total, decoded=0.0, prefix=self.model.prompt_tokens, versions=[(0.0, self.version)]
+            )
         resumed_from = request.decoded
         ended = asyncio.get_running_loop().create_future()
         self._waiters[id(request)] = ended
@@ -272,14 +303,13 @@ class ModelledReplica:
             self._catch_up()
             self.sim.remove(request)
             self._trace_busy()
-        extra = {"modelled_response_tokens": request.total}
-        if ended_normally:
-            return answer, extra
-        # aborted by a sync: keep the share of this piece that the modelled request decoded
-        piece_share = (request.decoded - resumed_from) / max(request.total - resumed_from, _DONE)
-        answer = cut(answer, min(1.0, max(0.0, piece_share)))
-        self._resumable.setdefault(key + tuple(cut_token_ids(answer)), []).append(request)
-        return answer, extra
+        extra: dict[str, Any] = {"modelled_response_tokens": request.total}
+        if not ended_normally:  # aborted by a sync: keep the share of this piece that the modelled request decoded
+            piece_share = (request.decoded - resumed_from) / max(request.total - resumed_from, _DONE)
+            answer = cut(answer, min(1.0, max(0.0, piece_share)))
+            self._resumable.setdefault(key + tuple(cut_token_ids(answer)), []).append(request)
+        tokens = len(cut_token_ids(answer))
+        return answer, {**extra, **_version_tags(request, resumed_from, request.decoded, tokens)}
 
     def abort_all(self) -> None:
         """End every request at the point the modelled replica has decoded it to (verl's sync aborts them)."""
@@ -290,8 +320,60 @@ class ModelledReplica:
             if not future.done():
                 future.set_result(False)
 
+    def weights_loaded(self, version: int, in_flight: bool) -> None:
+        """The replica now serves policy ``version`` (call it on the event loop the replica serves on).
+
+        ``in_flight``: the weights load between two decode steps and nothing is aborted: the replica stalls for
+        ``sync_s`` (the transfer holds the engine), then each running request decodes the rest under ``version``.
+        Otherwise an aborting sync already cut the running requests (verl aborts before it loads; its ``sync_s``
+        is on the trainer's side, and new requests wait for it there), and each resumes under ``version``.
+        Either way, requests still waiting to be admitted have decoded nothing yet and start under it.
+        """
+        if in_flight:
+            self._catch_up()  # the load lands where the replica has got to now
+            if self.sim.running:  # the requests wait, idle: not busy time in the sampler's trace
+                start = time.time() + self.model.wall(self.sim.pending_stall_s)
+                self._record_span(start, start + self.model.wall(self.model.sync_s), kind="stall")
+            self.sim.stall(self.model.sync_s)
+            for request in self.sim.running:
+                _run_under(request, int(version))
+        self.version = int(version)
+        for request in self.sim.waiting:
+            _run_under(request, self.version)
+
     def busy_fraction(self) -> float:
         return self.sim.busy_s / self.sim.now if self.sim.now > 0 else 0.0
+
+
+def _run_under(request: ModelledRequest, version: Optional[int]) -> None:
+    """The request decodes from here on under ``version`` (replacing the last switch if nothing was decoded since)."""
+    if request.versions and request.versions[-1][0] >= request.decoded - _DONE:
+        request.versions[-1] = (request.versions[-1][0], version)
+    else:
+        request.versions.append((request.decoded, version))
+
+
+def _version_tags(request: ModelledRequest, start: float, end: float, tokens: int) -> dict[str, Any]:
+    """verl's version tags of a piece of an answer: ``tokens`` real tokens spread evenly over the modelled tokens
+    ``start``..``end`` the piece decoded, each tagged with the version in force at its modelled token. Empty
+    unless every token's version is known (the server's own tag stands then)."""
+    switches = [decoded for decoded, _ in request.versions]
+
+    def at(position: float) -> Optional[int]:
+        return request.versions[max(0, bisect_right(switches, position) - 1)][1] if request.versions else None
+
+    if tokens:
+        versions = [at(start + (i + 0.5) / tokens * (end - start)) for i in range(tokens)]
+    else:
+        versions = [at(end)]  # no tokens: the version it last ran under
+    known = [version for version in versions if version is not None]
+    if len(known) < len(versions):
+        return {}
+    low, high = min(known), max(known)
+    tags: dict[str, Any] = {"global_steps": high, "min_global_steps": low, "max_global_steps": high}
+    if low != high:
+        tags["token_versions"] = known
+    return tags
 
 
 def sampler_trace_path(run_dir: str) -> str:
@@ -299,19 +381,37 @@ def sampler_trace_path(run_dir: str) -> str:
     return os.path.join(run_dir, "sampler_busy.jsonl")
 
 
-def load_busy_spans(path: str) -> list[tuple[float, float]]:
-    """The busy spans a run's modelled replicas wrote (``SAMPLER_TRACE_ENV``), merged where they overlap."""
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as handle:
-        spans = sorted((float(r["start"]), float(r["end"])) for r in map(json.loads, handle) if r)
+def _merge(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[tuple[float, float]] = []
-    for start, end in spans:
+    for start, end in sorted(spans):
         if merged and start <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(merged[-1][1], end))
         else:
             merged.append((start, end))
     return merged
+
+
+def load_busy_spans(path: str) -> list[tuple[float, float]]:
+    """The spans in which a run's modelled replicas generated (``SAMPLER_TRACE_ENV``): busy spans merged where they
+    overlap, less the in-flight weight loads that held their requests."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        records = [r for r in map(json.loads, handle) if r]
+    busy = _merge([(float(r["start"]), float(r["end"])) for r in records if r.get("kind", "busy") == "busy"])
+    stalls = _merge([(float(r["start"]), float(r["end"])) for r in records if r.get("kind") == "stall"])
+    for stall_start, stall_end in stalls:
+        cut: list[tuple[float, float]] = []
+        for start, end in busy:
+            if end <= stall_start or start >= stall_end:
+                cut.append((start, end))
+                continue
+            if start < stall_start:
+                cut.append((start, stall_start))
+            if end > stall_end:
+                cut.append((stall_end, end))
+        busy = cut
+    return busy
 
 
 def busy_share(spans: Sequence[tuple[float, float]], start: float, end: float) -> float:

@@ -41,6 +41,14 @@ class ReplicaTiming(Protocol):
         """A weight sync aborts the replica's requests: end each where it has got to."""
         ...
 
+    def weights_loaded(self, version: int, in_flight: bool) -> None:
+        """Optional: the replica now serves policy ``version``. ``in_flight``: loaded between decode steps without
+        aborting, so running requests go on under it after a stall (the weight transfer); otherwise a sync that
+        aborted them (:meth:`abort_all`) came first and the resumed requests run under it. A timing that models
+        versions reports them in ``serve``'s extra fields. Timings may leave it out: callers look it up with
+        ``getattr(timing, "weights_loaded", None)`` and skip it when absent."""
+        ...
+
 
 class GenerationTiming(Protocol):
     def replica(self) -> ReplicaTiming:

@@ -7,7 +7,9 @@ two can be compared token by token) and why decoding stopped. A ``should_stop`` 
 decode steps so a weight sync can abort a running batch and keep the tokens produced so far. A
 ``policy_version`` callback runs before every forward pass instead: it may load new weights into the model
 right there (an in-flight weight update: the running requests keep their KV cache and go on decoding under the
-new weights), and each token records the version of the forward pass that sampled it.
+new weights), and each token records the version of the forward pass that sampled it. A request with a ``seed``
+samples from its own random stream (exponential race: the token maximising p / E with E ~ Exp(1) drawn from that
+stream is distributed as p), so the same request gives the same tokens in any batch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ class GenerationRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    # Seeds this request's own random stream: its tokens then do not depend on which requests share its batch or
+    # in what order they arrived (None: the batch's shared generator).
+    seed: Optional[int] = None
 
     @property
     def greedy(self) -> bool:
@@ -123,6 +128,11 @@ class BatchedGenerator:
         top_k = torch.tensor([-1 if r.greedy else r.top_k for r in batch], dtype=torch.long)
         max_tokens = torch.tensor([r.max_tokens for r in batch], dtype=torch.long)
         needs_filter = bool(((top_p < 1.0) | (top_k > 0)).any())
+        row_streams = [
+            torch.Generator().manual_seed(r.seed % (2**63)) if r.seed is not None and not r.greedy else None
+            for r in batch
+        ]
+        seeded_rows = [row for row, stream in enumerate(row_streams) if stream is not None]
 
         finished = torch.zeros(bsz, dtype=torch.bool)
         produced = torch.zeros(bsz, dtype=torch.long)
@@ -131,7 +141,11 @@ class BatchedGenerator:
             scaled = logits.float() / temperature.unsqueeze(-1)
             log_probs = torch.log_softmax(scaled, dim=-1)
             sample_logits = _filter_top_k_top_p(scaled, top_k, top_p) if needs_filter else scaled
-            sampled = torch.multinomial(torch.softmax(sample_logits, dim=-1), 1, generator=generator).squeeze(-1)
+            probs = torch.softmax(sample_logits, dim=-1)
+            sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            for row in seeded_rows:  # every step draws the row's noise, finished or not: streams stay aligned
+                noise = torch.empty(probs.shape[-1]).exponential_(generator=row_streams[row])
+                sampled[row] = int(torch.argmax(probs[row] / noise))
             tokens = torch.where(greedy, scaled.argmax(dim=-1), sampled)
             token_log_probs = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 

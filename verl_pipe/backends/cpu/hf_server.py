@@ -19,6 +19,7 @@ when they differ).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -119,9 +120,13 @@ class HFRolloutServer:
         self._staged_weights: dict[str, torch.Tensor] = {}
         # An update waiting for the running batch's next decode step: (global_steps, its waiter).
         self._in_flight_update: Optional[tuple[Optional[int], asyncio.Future]] = None
+        # Where a sync's weights load when its caller does not say: set by a trainer mode that never drains the
+        # sampler (``set_in_flight_updates``); verl's adapters call ``finish_weight_update`` without the flag.
+        self.in_flight_updates = False
         self._loop_task: Optional[asyncio.Task] = None
         # Generation timing (benchmarks only; :mod:`.generation_timing`): this replica's timing state.
         self._replica_timing: Optional[ReplicaTiming] = None
+        self._prompt_requests: dict[bytes, int] = {}  # prompt digest -> requests served (the next sample's index)
         self.stats = {"batches": 0, "requests": 0, "max_batch": 0, "tokens": 0, "weight_updates": 0}
 
     # ---- generation -------------------------------------------------------------------------------------------
@@ -161,6 +166,7 @@ class HFRolloutServer:
             temperature=float(sampling_params.get("temperature", 1.0)),
             top_p=float(sampling_params.get("top_p", 1.0)),
             top_k=int(sampling_params.get("top_k", -1) or -1),
+            seed=self._request_seed(prompt_ids, sampling_params),
         )
         timing = generation_timing()
         if timing is None:
@@ -176,6 +182,18 @@ class HFRolloutServer:
             stop_reason="aborted" if result.finish_reason == "abort" else "completed",
             extra_fields={**self._version_tags(result), "finish_reason": result.finish_reason, **extra_fields},
         )
+
+    def _request_seed(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> int:
+        """The request's own sampling seed: the caller's, or one derived from the rollout seed, the prompt and how many
+        times this server has been asked for it (the i-th sample of a prompt), so a run's samples do not depend on
+        how its requests were batched."""
+        if sampling_params.get("seed") is not None:
+            return int(sampling_params["seed"])
+        key = hashlib.blake2b(json.dumps(prompt_ids).encode(), digest_size=16).digest()  # small, for long runs
+        index = self._prompt_requests.get(key, 0)
+        self._prompt_requests[key] = index + 1
+        digest = hashlib.blake2b(json.dumps([self.config.seed, index]).encode(), key=key, digest_size=8).digest()
+        return int.from_bytes(digest, "big")
 
     def _version_tags(self, result: GenerationResult) -> dict[str, Any]:
         """verl's version tags of an answer, from the versions that sampled its tokens: ``global_steps`` the
@@ -214,7 +232,8 @@ class HFRolloutServer:
         result, extra_fields = await self._replica_timing.serve(
             request.prompt_ids, generate, aborted=lambda r: r.finish_reason == "abort", cut=_cut_result
         )
-        return result, {**extra_fields, "global_steps": generated_by[0]}
+        # A timing that models policy versions (in-flight loads during the modelled decode) reports them itself.
+        return result, {"global_steps": generated_by[0], **extra_fields}
 
     async def _gather(self) -> None:
         loop = asyncio.get_running_loop()
@@ -280,15 +299,29 @@ class HFRolloutServer:
             self._staged_weights[name] = tensor
         return len(named_tensors)
 
+    async def set_in_flight_updates(self, enabled: bool) -> None:
+        """Make every later sync load between decode steps (``finish_weight_update``'s default)."""
+        self.in_flight_updates = bool(enabled)
+
     async def finish_weight_update(
-        self, global_steps: Optional[int] = None, between_decode_steps: bool = False
+        self, global_steps: Optional[int] = None, between_decode_steps: Optional[bool] = None
     ) -> dict[str, Any]:
         """Apply the staged weights and record the policy version they represent.
 
         By default between batches (a running batch finishes first). With ``between_decode_steps`` the weights load
         at the running batch's next decode step instead: no request is aborted, each keeps its KV cache and decodes
-        its remaining tokens under the new weights, and its tokens record which version sampled them.
+        its remaining tokens under the new weights, and its tokens record which version sampled them. Left unset,
+        the server's ``in_flight_updates`` decides.
         """
+        if between_decode_steps is None:
+            between_decode_steps = self.in_flight_updates
+        timing = generation_timing()
+        if timing is not None and global_steps is not None:  # the modelled replica switches version here too
+            if self._replica_timing is None:
+                self._replica_timing = timing.replica()
+            loaded = getattr(self._replica_timing, "weights_loaded", None)
+            if loaded is not None:
+                loaded(int(global_steps), in_flight=between_decode_steps)
         loop = asyncio.get_running_loop()
         if between_decode_steps and self._engine_lock.locked():
             applied = loop.create_future()
@@ -346,6 +379,9 @@ class HFRolloutServer:
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
+        loaded = getattr(self._replica_timing, "weights_loaded", None)
+        if loaded is not None:  # the modelled replica's version follows (no load: nothing stalls)
+            loaded(int(global_steps), in_flight=False)
 
     # ---- lifecycle calls verl makes on every rollout server ---------------------------------------------------
 

@@ -1,0 +1,242 @@
+"""``in_flight_pipeline``'s parts, each against verl's real classes: the admission rule that bounds the lag, the
+deadline-ordered replay buffer verl builds from its custom-sampler slot, the client that keeps each token's
+version, the sync that aborts nothing, the token-lag metrics and the start-up checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+import verl  # noqa: F401 - registers the modes
+from verl_pipe.trainers.config import PipelineConfig, PipelineConfigError
+from verl_pipe.trainers.ray_trainer_in_flight import InFlightPipelineTrainer, admissible_prompts
+from verl_pipe.trainers.sampler_slot import IN_FLIGHT_BUFFER_NAME, IN_FLIGHT_BUFFER_PATH
+from verl_pipe.trainers.token_lag import SampleVersions, sample_versions, token_lag_metrics
+
+MODE = "in_flight_pipeline"
+LAYOUT = [
+    f"trainer.v1.trainer_mode={MODE}",
+    "actor_rollout_ref.hybrid_engine=False",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
+    "actor_rollout_ref.rollout.name=hf",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "trainer.device=cpu",
+]
+
+
+def _compose(overrides):
+    import verl.trainer.main_ppo as main_ppo
+    from hydra import compose, initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+# --- the admission rule ----------------------------------------------------------------------------------------
+
+
+def _admit(synced, next_step, untrained, lag, batch=4, free=100, left=100):
+    return admissible_prompts(batch, synced, lag, next_step, untrained, free, left)
+
+
+def test_lag_zero_admits_one_batch_per_sync_and_nothing_ahead_of_it():
+    """Guards: a lag-0 run starting prompts before the sync that must generate them (off-policy data)."""
+    assert _admit(synced=0, next_step=1, untrained=0, lag=0) == 4  # step 1's batch, on v0
+    assert _admit(synced=0, next_step=1, untrained=4, lag=0) == 0  # and no more
+    assert _admit(synced=0, next_step=2, untrained=0, lag=0) == 0  # step 1 took its batch; v1 is not synced yet
+    assert _admit(synced=1, next_step=2, untrained=0, lag=0) == 4  # after the sync: step 2's batch
+
+
+def test_lag_one_runs_a_batch_ahead_and_the_slots_and_run_length_bound_it():
+    assert _admit(synced=0, next_step=1, untrained=0, lag=1) == 8  # steps 1 and 2 may train what v0 starts
+    assert _admit(synced=0, next_step=2, untrained=3, lag=1) == 1  # step 2's room is all that is left for v0
+    assert _admit(synced=1, next_step=2, untrained=3, lag=1) == 5
+    assert _admit(synced=1, next_step=2, untrained=3, lag=1, free=2) == 2  # only free slots
+    assert _admit(synced=1, next_step=2, untrained=3, lag=1, left=1) == 1  # the run's last prompt
+    assert _admit(synced=0, next_step=3, untrained=0, lag=1) == 0  # never negative
+
+
+def test_admitted_prompts_always_fit_before_their_deadlines():
+    """Earliest-deadline-first with ``batch`` groups a step: however groups finish, none is trained late. The check
+    fails when the rule admits one more prompt than it allows (the negative control)."""
+    import random
+
+    def simulate(extra: int, lag: int, steps: int = 12, batch: int = 4, seed: int = 0) -> int:
+        rng = random.Random(seed)
+        deadlines: list[int] = []  # untrained groups
+        synced, late = 0, 0
+        for step in range(1, steps + 1):
+            for _ in range(rng.randint(1, 3)):  # the feeder tops up a few times while the step waits
+                count = _admit(synced, step, len(deadlines), lag, batch=batch) + extra
+                deadlines += [synced + 1 + lag] * count
+            deadlines.sort()
+            taken, deadlines = deadlines[:batch], deadlines[batch:]  # due first (the buffer's order)
+            late += sum(d < step for d in taken) + sum(d <= step for d in deadlines)
+            synced = step
+        return late
+
+    for lag in (0, 1, 2):
+        assert simulate(extra=0, lag=lag) == 0
+    assert simulate(extra=1, lag=1) > 0
+
+
+# --- the replay buffer -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def buffer():
+    from verl_pipe.trainers.in_flight_buffer import InFlightReplayBuffer
+
+    config = _compose(LAYOUT)
+    trainer = InFlightPipelineTrainer.__new__(InFlightPipelineTrainer)
+    trainer.pipeline_cfg = PipelineConfig.from_section(MODE, {})
+    from verl_pipe.trainers.sampler_slot import select_pipeline_replay_buffer
+
+    select_pipeline_replay_buffer(config, *InFlightPipelineTrainer.REPLAY_BUFFER)
+    slot = {"path": IN_FLIGHT_BUFFER_PATH, "name": IN_FLIGHT_BUFFER_NAME}
+    assert dict(config.trainer.v1.sampler.custom_sampler) == slot
+    trainer.config, trainer.trainer_mode = config, MODE
+    built = trainer._build_replay_buffer()  # verl's own method, from the slot
+    assert type(built) is InFlightReplayBuffer
+    return built
+
+
+def _state(buffer, deadlines: dict[str, int], generating=(), tokens=None):
+    buffer.prompt_global_steps["train"] = dict(deadlines)
+    buffer.running_keys["train"] = set(generating)
+    buffer.finished_keys["train"] = set(deadlines) - set(generating)
+    buffer.partitions["train"] = {
+        f"{uid}_0_0": {"response_len": (tokens or {}).get(uid, 1)} for uid in deadlines if uid not in generating
+    }
+
+
+def test_a_step_waits_for_its_due_groups_and_counts_them_held_back(buffer):
+    """Guards: a long response due now being skipped for shorter ones (it would lag past the bound, or starve)."""
+    _state(buffer, {"a": 2, "b": 3, "c": 3, "d": 3, "e": 3, "long": 2}, generating=["long"])
+    ready = buffer.finished_keys["train"]
+    assert not buffer._has_enough_samples(2, "train", 4, ready)  # 5 ready, but "long" is due at step 2
+    assert buffer.take_counts() == {"held_back_groups": 1, "dropped_groups": 0}
+    _state(buffer, {"a": 2, "b": 3, "c": 3, "d": 3, "e": 3, "long": 2}, tokens={"b": 50, "c": 40, "long": 9})
+    assert buffer._has_enough_samples(2, "train", 4, buffer.finished_keys["train"])
+    chosen, _, _ = buffer._select_prompt_uids("train", buffer.finished_keys["train"], 4)
+    assert chosen[:2] == ["long", "a"] and chosen[2:] == ["b", "c"]  # due first; then the longest
+
+
+def test_an_earlier_minibatch_takes_what_is_ready_if_the_due_groups_it_leaves_fit_later(buffer):
+    """Minibatches: the first trains on ready groups while a due one still generates, as long as the step's later
+    minibatches can still take every due group; otherwise it waits too."""
+    deadlines = {"a": 2, "b": 3, "c": 3, "late1": 2, "late2": 2, "late3": 2}
+    _state(buffer, deadlines, generating=["late1", "late2", "late3"])
+    buffer.later_capacity = 2  # one more minibatch of 2 after this one
+    assert not buffer._has_enough_samples(2, "train", 2, buffer.finished_keys["train"])  # 3 due left > 2
+    _state(buffer, deadlines, generating=["late1", "late2"])
+    assert buffer._has_enough_samples(2, "train", 2, buffer.finished_keys["train"])  # "a", "late3" now; 2 left fit
+    buffer.later_capacity = 0
+    assert not buffer._has_enough_samples(2, "train", 2, buffer.finished_keys["train"])  # the last minibatch waits
+
+
+def test_a_finished_group_past_its_deadline_is_dropped_and_counted(buffer):
+    _state(buffer, {"old": 1, "ok": 2})
+    assert buffer._stale_terminal_keys(2, "train") == {"old"}
+    assert buffer.take_counts() == {"held_back_groups": 0, "dropped_groups": 1}
+    assert buffer._stale_terminal_keys(2, "val") == set()
+
+
+# --- token versions: the client, and the lag metrics -------------------------------------------------------------
+
+
+def test_the_client_keeps_every_tokens_version_across_a_resumed_request(monkeypatch):
+    """Guards: verl's partial-rollout client keeping only the last piece's version (a sample cut under v3 and
+    finished under v4 would then train as if all v4)."""
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.replica import TokenOutput
+    from verl_pipe.trainers.in_flight_sync import VersionKeepingClient
+
+    pieces = [
+        TokenOutput(token_ids=[1, 2], log_probs=[-1.0, -1.0], stop_reason="aborted", extra_fields={"global_steps": 3}),
+        TokenOutput(token_ids=[3, 4, 5], log_probs=[-1.0] * 3, stop_reason="completed",
+                    extra_fields={"global_steps": 5, "min_global_steps": 4, "token_versions": [4, 5, 5]}),
+    ]  # fmt: skip
+
+    async def scripted(self, request_id, **kwargs):
+        return pieces.pop(0)
+
+    async def no_pause(_seconds):
+        return None
+
+    monkeypatch.setattr(LLMServerClient, "generate", scripted)
+    monkeypatch.setattr("verl.workers.rollout.llm_server.asyncio.sleep", no_pause)
+    client = VersionKeepingClient.__new__(VersionKeepingClient)
+    client.config = None
+    out = asyncio.run(client.generate("r1", prompt_ids=[7], sampling_params={"max_tokens": 5}))
+    assert out.token_ids == [1, 2, 3, 4, 5]
+    assert out.extra_fields["token_versions"] == [3, 3, 4, 5, 5]
+    assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (3, 5)
+
+
+def test_token_lag_weighs_tokens_not_samples():
+    samples = [
+        SampleVersions(response_len=4, version=5, token_versions=[4, 4, 5, 5]),  # spans two versions
+        SampleVersions(response_len=2, version=5),
+    ]
+    lag = token_lag_metrics(samples, trainer_version=5, prefix="x")
+    assert lag["x/token_lag/mean"] == pytest.approx(2 / 6)
+    assert lag["x/token_lag/max"] == 1 and lag["x/token_lag/min"] == 0
+    assert lag["x/spanning_samples_share"] == 0.5
+    # a benchmark's real tokens stand for modelled ones: a long modelled answer weighs more
+    heavy = sample_versions({"response_len": 2, "max_global_steps": 3}, {"modelled_response_tokens": 200}, True)
+    light = sample_versions({"response_len": 2, "max_global_steps": 5}, {"modelled_response_tokens": 2}, True)
+    assert token_lag_metrics([heavy, light], 5, "x")["x/token_lag/mean"] == pytest.approx(2 * 100 / 101)
+
+
+# --- the sync that aborts nothing ----------------------------------------------------------------------------------
+
+
+def test_the_in_flight_sync_never_aborts_or_frees_the_kv_cache():
+    from verl_pipe.trainers.in_flight_sync import InFlightCheckpointManager
+
+    class Replica:
+        def __getattr__(self, name):
+            raise AssertionError(f"the in-flight sync called replica.{name}")
+
+    manager = InFlightCheckpointManager.__new__(InFlightCheckpointManager)
+    manager.replicas = [Replica()]
+    steps = ("abort_replicas", "release_kv_cache_replicas", "resume_kv_cache_replicas", "resume_generation_replicas")
+    for step in steps:
+        asyncio.run(getattr(manager, step)())
+    # the control: verl's own manager does reach the replicas there
+    from verl.checkpoint_engine import CheckpointEngineManager
+
+    verl_manager = CheckpointEngineManager.__new__(CheckpointEngineManager)
+    verl_manager.replicas = [Replica()]
+    with pytest.raises(AssertionError, match="abort_all_requests"):
+        asyncio.run(verl_manager.abort_replicas())
+
+
+# --- start-up checks ----------------------------------------------------------------------------------------------
+
+
+def _check(overrides):
+    config = _compose(LAYOUT + overrides)
+    trainer = InFlightPipelineTrainer.__new__(InFlightPipelineTrainer)
+    trainer.pipeline_cfg = PipelineConfig.from_section(MODE, config.trainer.v1.get(MODE, {}))
+    trainer._check_layout(config)
+
+
+def test_start_up_checks_name_the_key():
+    _check([])
+    with pytest.raises(PipelineConfigError, match="actor_rollout_ref.rollout.name=hf"):
+        _check(["actor_rollout_ref.rollout.name=vllm"])
+    with pytest.raises(PipelineConfigError, match=f"trainer.v1.{MODE}.max_staleness"):
+        _check([f"+trainer.v1.{MODE}.max_staleness=0"])
+    for bad in ("-1", "1.5", "true"):
+        with pytest.raises(PipelineConfigError, match=f"trainer.v1.{MODE}.max_lag"):
+            _check([f"+trainer.v1.{MODE}.max_lag={bad}"])
+    with pytest.raises(PipelineConfigError, match=f"trainer.v1.{MODE}.max_in_flight_prompts"):
+        _check([f"+trainer.v1.{MODE}.max_in_flight_prompts=0"])

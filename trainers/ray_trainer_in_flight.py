@@ -1,0 +1,249 @@
+"""``in_flight_pipeline``: a sampler that never drains, fed new weights between decode steps (as PipelineRL does).
+
+``trainer.v1.trainer_mode=in_flight_pipeline``. A feeder thread submits prompts to the sampler pool whenever the
+lag bound allows, across step boundaries, while the trainer trains. After every update the new weights go to the
+sampler through verl's checkpoint engine without aborting anything (:mod:`.in_flight_sync`): each hf server loads
+them at its running batch's next decode step, every request keeps its KV cache and decodes on under the new
+weights, and every token records the version that sampled it (its log-prob is that version's, which is what
+GRPO+'s token-level IS correction compares with pi_old). The trainer updates once per minibatch of finished
+groups, pi_old frozen across them, so a step's first minibatches train while its last groups still generate.
+
+The lag bound (``trainer.v1.in_flight_pipeline.max_lag``, L, default 1) is enforced by deadlines, per token: a
+group submitted while the sampler serves v_s may train no later than step s + 1 + L (the trainer then holds
+v_{s+L}, so even its first token lags at most L). The feeder admits a prompt only if the steps up to its deadline
+can train every group admitted so far (``train_batch_size`` groups per step), and the replay buffer
+(:mod:`.in_flight_buffer`) hands out due groups first and waits for any still generating: a long response holds
+the trainer back rather than being dropped (both counts are logged). With L = 0 the feeder admits the next batch
+only after the sync: the schedule, the prompts and (with the hf server's per-request seeds) the samples are
+verl's ``sync`` mode's.
+
+Per-step metrics under ``in_flight/``: token-weighted mean, max and min lag, the share of samples spanning more
+than one version, groups held back and dropped, and the bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import transfer_queue as tq
+from tensordict.tensorclass import NonTensorData
+
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.utils import tensordict_utils as tu
+from verl.utils.config import omega_conf_to_dataclass
+from verl_pipe.trainers.config import PipelineConfigError
+from verl_pipe.trainers.in_flight_sync import InFlightCheckpointManager, VersionKeepingClient, enable_in_flight_updates
+from verl_pipe.trainers.pipelined_trainer import PipelinedTrainer
+from verl_pipe.trainers.sampler_slot import IN_FLIGHT_BUFFER_NAME, IN_FLIGHT_BUFFER_PATH
+from verl_pipe.trainers.token_lag import sample_versions, token_lag_metrics
+
+logger = logging.getLogger("verl_pipe")
+
+
+def admissible_prompts(
+    batch: int, synced_version: int, max_lag: int, next_step: int, untrained: int, free_slots: int, left_in_run: int
+) -> int:
+    """How many prompts may start now, on weights v_``synced_version``, without breaking the lag bound.
+
+    A prompt started now is due at step ``synced_version + 1 + max_lag``. Steps ``next_step`` .. due train
+    ``batch`` groups each, earliest deadline first, and every group still untrained has a deadline no later than
+    this one: all of them and the new ones must fit there. The sampler's free slots and the run's remaining prompts
+    bound it too.
+    """
+    due = synced_version + 1 + max_lag
+    room = batch * max(0, due - next_step + 1) - untrained
+    return max(0, min(free_slots, room, left_in_run))
+
+
+class LagBoundError(RuntimeError):
+    """A trained token lagged more versions than ``max_lag`` allows: the schedule's guarantee broke."""
+
+
+@register_trainer("in_flight_pipeline")
+class InFlightPipelineTrainer(PipelinedTrainer):
+    MODE = "in_flight_pipeline"
+    REPLAY_BUFFER = (IN_FLIGHT_BUFFER_PATH, IN_FLIGHT_BUFFER_NAME)
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.max_lag = self.pipeline_cfg.max_lag
+        # As many groups as the bound lets run (a batch per version it admits); a replica queues what it cannot run.
+        self.slots = self.pipeline_cfg.max_in_flight_prompts or (self.max_lag + 1) * int(config.data.train_batch_size)
+        # The feeder thread and the trainer share these; every read-modify-write holds the lock.
+        self._lock = threading.Lock()
+        self._submitted = 0  # prompt groups submitted (restored ones included)
+        self._taken = 0  # prompt groups handed to a step
+        self._taken_this_step = 0  # of which the current step's earlier minibatches took these
+        self._dropped = 0  # prompt groups evicted unfinished-in-time (they free their place)
+        self._stop = threading.Event()
+        self._feeder: threading.Thread | None = None
+        self._feed_error: BaseException | None = None
+
+    def parameter_sync_step_for(self, config) -> int:
+        # One optimizer step per minibatch of finished groups (pi_old frozen across them, as minibatch_pipeline
+        # does), so the first minibatches train while the step's last groups still generate.
+        return config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size
+
+    def _check_layout(self, config) -> None:
+        super()._check_layout(config)
+        name = config.actor_rollout_ref.rollout.name
+        if name != "hf":
+            raise PipelineConfigError(
+                f"trainer.v1.{self.MODE} loads weights between decode steps, which the {name!r} rollout cannot do "
+                "yet: set actor_rollout_ref.rollout.name=hf (vLLM's pause_generation(mode='keep') is the way "
+                "there: docs/vllm.md)"
+            )
+        tau = self.pipeline_cfg.max_staleness
+        if tau is not None and tau < self.pipeline_cfg.max_lag:
+            raise PipelineConfigError(
+                f"trainer.v1.{self.MODE}.max_staleness={tau} is below max_lag={self.pipeline_cfg.max_lag}: the filter "
+                "would drop samples the lag bound admits; leave max_staleness unset (max_lag bounds every token)"
+            )
+
+    # --- verl pieces swapped for in-flight loading ------------------------------------------------------------
+
+    def _setup(self):
+        super()._setup()
+        engine_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.rollout.checkpoint_engine)
+        replicas = self.standalone_server_manager.get_replicas()
+        self.standalone_checkpoint_manager = InFlightCheckpointManager(
+            config=engine_config, actor_wg=self.actor_rollout_wg, replicas=replicas
+        )
+        enable_in_flight_updates(replicas)
+
+    def get_llm_client(self):
+        return self.standalone_server_manager.get_client(client_cls=VersionKeepingClient)
+
+    # --- the feeder: refills the sampler's slots whenever the bound allows ----------------------------------------
+
+    def _admissible(self, in_flight: int) -> int:
+        """Prompts the feeder may submit now (lock held)."""
+        return admissible_prompts(
+            batch=int(self.config.data.train_batch_size),
+            synced_version=self._synced_version,
+            max_lag=self.max_lag,
+            next_step=self._next_step_to_sample,
+            # the groups the current step has taken already fill part of its own batch
+            untrained=self._submitted - self._taken - self._dropped + self._taken_this_step,
+            free_slots=self.slots - in_flight,
+            left_in_run=int(self.config.data.train_batch_size) * self.total_training_steps - self._submitted,
+        )
+
+    def _top_up(self) -> None:
+        items = (tq.kv_list("train") or {}).get("train", {})
+        in_flight = sum(
+            1 for tag in items.values() if tag.get("is_prompt", False) and tag.get("status") in ("pending", "running")
+        )
+        with self._lock:
+            count = self._admissible(in_flight)
+            if count <= 0:
+                return
+            deadline = self._synced_version + 1 + self.max_lag
+            self._submitted += count
+            batch = self._next_train_batch(count)  # the dataloader's order: the prompts sync mode would see
+        tu.assign_non_tensor_data(batch, "global_steps", deadline)
+        self._timeline.batch_submitted(deadline)
+        tags = [{"is_prompt": True, "status": "pending", "global_steps": deadline} for _ in range(len(batch))]
+        tq.kv_batch_put(
+            keys=list(batch["uid"]),
+            partition_id="train",
+            tags=tags,
+            fields=batch.select(*[key for key in batch.keys() if not isinstance(batch.get(key), NonTensorData)]),
+        )
+        self.agent_loop_manager.generate_sequences(batch)
+
+    def _feed(self) -> None:
+        while not self._stop.wait(self.pipeline_cfg.poll_interval_s):
+            try:
+                self._top_up()
+            except BaseException as error:  # noqa: BLE001 - raised on the trainer's thread at its next hook
+                self._feed_error = error
+                return
+
+    def _raise_feed_error(self) -> None:
+        if self._feed_error is not None:
+            raise RuntimeError(f"{self.MODE}: the sampler feeder failed: {self._feed_error!r}") from self._feed_error
+
+    def _add_prompts_to_generate(self, num_prompts: int) -> int:
+        # verl's buffer calls this to replace groups it evicted: they free their place; the feeder refills it.
+        with self._lock:
+            self._dropped += num_prompts
+        return num_prompts
+
+    def _save_checkpoint(self):
+        with self._lock:  # the dataloader's state must not move while it is saved
+            return super()._save_checkpoint()
+
+    # --- the schedule ---------------------------------------------------------------------------------------------
+
+    def on_train_begin(self):
+        self._synced_version = self.global_steps - 1  # on_init_end synced the loaded weights
+        self._next_step_to_sample = self.global_steps
+        restored = self._restored_tq_prompt_count  # re-issued by verl, tagged due now
+        self._submitted = batch_done = self.config.data.train_batch_size * (self.global_steps - 1)
+        self._taken = batch_done
+        self._submitted += restored
+        self._top_up()
+        self._feeder = threading.Thread(target=self._feed, name="verl-pipe-sampler-feeder", daemon=True)
+        self._feeder.start()
+
+    def prepare_step(self) -> dict:
+        self._raise_feed_error()
+        return {}
+
+    def on_sample_begin(self):
+        super().on_sample_begin()
+        # A step's last minibatch waits for every group due at this step; earlier ones take what is ready, as long
+        # as the due groups they leave fit in the minibatches after them.
+        minibatch = int(self.config.data.train_batch_size) // self.parameter_sync_step
+        self.replay_buffer.later_capacity = minibatch * (self.parameter_sync_step - 1 - self.local_trigger_step)
+
+    def on_sample_end(self):
+        super().on_sample_end()
+        minibatch = int(self.config.data.train_batch_size) // self.parameter_sync_step
+        with self._lock:
+            self._taken += minibatch
+            self._taken_this_step += minibatch
+            if self.local_trigger_step == self.parameter_sync_step - 1:
+                self._next_step_to_sample = self.global_steps + 1
+                self._taken_this_step = 0
+
+    def on_step_end(self):
+        self._raise_feed_error()
+        # In flight: nothing is aborted, the servers load v_k at their next decode step.
+        self._sync_weights(self.global_steps)
+        with self._lock:
+            self._synced_version = self.global_steps
+        if self.global_steps >= self.total_training_steps:
+            self._stop.set()
+        else:
+            self._top_up()  # lag 0: the next batch may start only now
+        self._phase(None)
+
+    def on_train_end(self):
+        self._stop.set()
+        super().on_train_end()
+
+    # --- metrics and the bound's check -----------------------------------------------------------------------------
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        real = [(key, tag) for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+        if real:
+            data = tq.kv_batch_get(
+                keys=[key for key, _ in real], partition_id=batch.partition_id, select_fields=["extra_fields"]
+            )
+            extra = data.pop("extra_fields").tolist()  # as verl reads it (a plain index returns a linked list)
+            samples = [sample_versions(tag, fields) for (_, tag), fields in zip(real, extra)]
+            lag = token_lag_metrics(samples, trainer_version=global_steps - 1, prefix="in_flight")
+            if lag and lag["in_flight/token_lag/max"] > self.max_lag:
+                raise LagBoundError(
+                    f"{self.MODE} step {global_steps}: a token lagged {lag['in_flight/token_lag/max']:.0f} versions, "
+                    f"above trainer.v1.{self.MODE}.max_lag={self.max_lag}"
+                )
+            metrics.update(lag)
+        counts = self.replay_buffer.take_counts()
+        metrics["in_flight/held_back_groups"] = float(counts["held_back_groups"])
+        metrics["in_flight/dropped_groups"] = float(counts["dropped_groups"])
+        metrics["in_flight/max_lag"] = float(self.max_lag)
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)

@@ -1,0 +1,54 @@
+"""Per-token policy lag of a trained batch: how many versions behind the trainer each response token was sampled.
+
+At step k the trainer holds v_{k-1}; a token sampled by v_j has lag (k - 1) - j. A sample's tokens carry their
+versions (``token_versions``, when an in-flight update fell inside the answer) or all share the sample's version
+(``max_global_steps``). The metrics weigh every token equally, so one long response that spanned an update
+counts for its length, not as one sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+
+@dataclass
+class SampleVersions:
+    response_len: int
+    version: int  # the sample's freshest version (max_global_steps)
+    token_versions: Optional[Sequence[int]] = None  # one per response token, when they differ
+    # How many tokens each one stands for (the benchmark's real tokens carry modelled responses of other lengths).
+    weight_per_token: float = 1.0
+
+    def versions(self) -> list[int]:
+        if self.token_versions:
+            return [int(v) for v in self.token_versions[: self.response_len]]
+        return [int(self.version)] * self.response_len
+
+
+def sample_versions(
+    tag: dict[str, Any], extra_fields: Optional[dict[str, Any]], modelled: bool = False
+) -> SampleVersions:
+    """A trained sample's versions from its TransferQueue tag and extra fields; ``modelled``: weigh its tokens by the
+    modelled response length the benchmark's rollout server reported."""
+    extra = extra_fields or {}
+    length = int(tag.get("response_len", 0))
+    weight = 1.0
+    if modelled and extra.get("modelled_response_tokens") is not None and length > 0:
+        weight = float(extra["modelled_response_tokens"]) / length
+    return SampleVersions(length, int(tag["max_global_steps"]), extra.get("token_versions"), weight)
+
+
+def token_lag_metrics(samples: Sequence[SampleVersions], trainer_version: int, prefix: str) -> dict[str, float]:
+    """Token-weighted mean lag, max lag, and the share of samples whose tokens span more than one version."""
+    lags = [(trainer_version - v, s.weight_per_token) for s in samples for v in s.versions()]
+    spanning = [len(set(s.versions())) > 1 for s in samples]
+    weight = sum(w for _, w in lags)
+    if not lags or weight <= 0:
+        return {}
+    return {
+        f"{prefix}/token_lag/mean": sum(lag * w for lag, w in lags) / weight,
+        f"{prefix}/token_lag/max": float(max(lag for lag, _ in lags)),
+        f"{prefix}/token_lag/min": float(min(lag for lag, _ in lags)),
+        f"{prefix}/spanning_samples_share": sum(spanning) / len(spanning),
+    }
