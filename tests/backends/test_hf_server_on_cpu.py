@@ -218,3 +218,23 @@ def test_in_flight_weight_update_loads_between_decode_steps(ray_cluster, tiny_mo
         assert out.token_ids[:switch] == reference.token_ids[:switch], "the old weights decoded up to the switch"
     finally:
         ray.kill(handle)
+
+
+def test_request_seeds_differ_per_sample_and_per_replica():
+    """Guards: the samples of one GRPO group getting the same seed, so the group is n copies of one answer and its
+    advantages are all zero. verl spreads a prompt's samples over replicas, each counting from 0 (two replicas
+    once did exactly that); the seed must also stay the same for the same (replica, prompt, sample) in a rerun."""
+    from types import SimpleNamespace
+
+    from verl_pipe.backends.cpu.hf_server import HFRolloutServer
+
+    def server(rank):
+        made = HFRolloutServer.__new__(HFRolloutServer)
+        made.config, made.replica_rank, made._prompt_requests = SimpleNamespace(seed=0), rank, {}
+        return made
+
+    first, second = server(0), server(1)
+    group = [first._request_seed([5, 6, 7], {}) for _ in range(3)] + [second._request_seed([5, 6, 7], {})]
+    assert len(set(group)) == 4
+    assert server(0)._request_seed([5, 6, 7], {}) == group[0]  # reproducible
+    assert first._request_seed([5, 6, 7], {"seed": 11}) == 11  # the caller's own seed wins

@@ -184,15 +184,17 @@ class HFRolloutServer:
         )
 
     def _request_seed(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> int:
-        """The request's own sampling seed: the caller's, or one derived from the rollout seed, the prompt and how many
-        times this server has been asked for it (the i-th sample of a prompt), so a run's samples do not depend on
-        how its requests were batched."""
+        """The request's own sampling seed: the caller's, or one derived from the rollout seed, this replica, the prompt
+        and how many times this server has been asked for it (the i-th sample of a prompt), so a run's samples do not
+        depend on how its requests were batched."""
         if sampling_params.get("seed") is not None:
             return int(sampling_params["seed"])
         key = hashlib.blake2b(json.dumps(prompt_ids).encode(), digest_size=16).digest()  # small, for long runs
         index = self._prompt_requests.get(key, 0)
         self._prompt_requests[key] = index + 1
-        digest = hashlib.blake2b(json.dumps([self.config.seed, index]).encode(), key=key, digest_size=8).digest()
+        # The replica's rank too: the samples of one prompt may be spread over replicas, each counting from 0.
+        fields = [self.config.seed, self.replica_rank, index]
+        digest = hashlib.blake2b(json.dumps(fields).encode(), key=key, digest_size=8).digest()
         return int.from_bytes(digest, "big")
 
     def _version_tags(self, result: GenerationResult) -> dict[str, Any]:
