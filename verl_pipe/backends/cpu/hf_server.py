@@ -192,8 +192,9 @@ class HFRolloutServer:
         key = hashlib.blake2b(json.dumps(prompt_ids).encode(), digest_size=16).digest()  # small, for long runs
         index = self._prompt_requests.get(key, 0)
         self._prompt_requests[key] = index + 1
-        # The replica's rank too: the samples of one prompt may be spread over replicas, each counting from 0.
-        fields = [self.config.seed, self.replica_rank, index]
+        # The replica's rank too (from replica 1 on; replica 0 keeps a lone server's streams): the samples of one
+        # prompt may be spread over replicas, each counting from 0.
+        fields = [self.config.seed, index] if self.replica_rank == 0 else [self.config.seed, self.replica_rank, index]
         digest = hashlib.blake2b(json.dumps(fields).encode(), key=key, digest_size=8).digest()
         return int.from_bytes(digest, "big")
 
