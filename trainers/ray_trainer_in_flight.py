@@ -23,7 +23,6 @@ than one version, groups held back and dropped, and the bound.
 
 from __future__ import annotations
 
-import logging
 import threading
 
 import transfer_queue as tq
@@ -37,9 +36,6 @@ from verl_pipe.trainers.in_flight_sync import InFlightCheckpointManager, Version
 from verl_pipe.trainers.pipelined_trainer import PipelinedTrainer
 from verl_pipe.trainers.sampler_slot import IN_FLIGHT_BUFFER_NAME, IN_FLIGHT_BUFFER_PATH
 from verl_pipe.trainers.token_lag import sample_versions, token_lag_metrics
-
-logger = logging.getLogger("verl_pipe")
-
 
 def admissible_prompts(
     batch: int, synced_version: int, max_lag: int, next_step: int, untrained: int, free_slots: int, left_in_run: int
