@@ -4,9 +4,13 @@ Two of the session's shared runs (:mod:`conftest`) are read here, beside verl's 
 separate pools of 1 trainer rank and 1 hf sampler rank with gloo weight sync, the tiny random Qwen2, the same
 seeds. What is checked, from each run's records (verl's metrics and its per-step dumps of what it trained):
 
-* lag bound 0 trains exactly what verl's ``sync`` mode trains (``grpo_plus_run``: GRPO+, 3 steps): at every step
-  the same prompts, the same responses, the same rewards, the same losses, and behaviour log-probs that are
-  pi_old's, so the new mode's speed is not bought with silent off-policy data;
+* lag bound 0 trains what verl's ``sync`` mode trains (``grpo_plus_run``: GRPO+, 3 steps): at every step the
+  same prompts and behaviour log-probs that are pi_old's, so the new mode's speed is not bought with silent
+  off-policy data; at step 1, where both sample from the same weights, the same responses, rewards and losses.
+  Later responses are not compared token for token: verl's ``sync`` does not reproduce its own weights from run to
+  run on CPU (two of its runs with the same seeds, measured: gradient norms 1.3e-4 apart at step 1 even with the
+  batch in one fixed order), and Adam's first, sign-like step turns such bits into whole learning-rate steps on the
+  weights whose gradient is near zero, so from step 2 on the sampler draws a different token now and then;
 * lag bound 1, the default (``learning_run``: the learning task's 6 steps, the one the learning test reads):
   every trained token lagged at most one version, some lagged exactly one (the sampler ran on while the trainer
   trained), none was dropped, and the same comparison with that config's sync run fails at step 2 (the control:
@@ -17,10 +21,9 @@ from __future__ import annotations
 
 import pytest
 
-# The loss must agree; the gradient norm up to the order in which each trainer sums the same samples (the two
-# batches reach the update in different orders: 3e-5 apart at step 1, which Adam's first, sign-like step turns
-# into ~0.3% at the steps after, measured).
-LOSS_TOLERANCES = {"actor/pg_loss": 1e-3, "actor/grad_norm": 1e-2}
+# Step 1's losses must agree up to the bits in which verl's own runs differ (gradient norms: 3e-5 and 1.3e-4 apart
+# in the runs measured; the batch reaches the update in the order its samples finished).
+LOSS_TOLERANCES = {"actor/pg_loss": 1e-3, "actor/grad_norm": 1e-3}
 # How far the sampler's probabilities of the trained tokens are from the trainer's pi_old (bf16 sampler vs fp32
 # trainer: ~1e-4 when both hold the same weights; an update at this learning rate moves them far more).
 BEHAVIOUR_KEY, BEHAVIOUR_TOL = "training/rollout_probs_diff_max", 1e-3
@@ -28,27 +31,36 @@ BEHAVIOUR_KEY, BEHAVIOUR_TOL = "training/rollout_probs_diff_max", 1e-3
 pytestmark = pytest.mark.timeout(1200)
 
 
-def differences_from_sync(run, sync, step: int) -> list[str]:
-    """What step ``step`` of ``run`` trained differently from sync's step: samples, losses, behaviour policy."""
+def prompts(run, step: int) -> list[str]:
+    return sorted(sample[0] for sample in run.trained[step])
+
+
+def differences_from_sync(run, sync, step: int, same_weights: bool) -> list[str]:
+    """What step ``step`` of ``run`` trained differently from sync's step: prompts, behaviour policy, and where both
+    sampled from the same weights (``same_weights``) the samples and the losses."""
     found = []
+    if prompts(run, step) != prompts(sync, step):
+        found.append("prompts")
+    ours, theirs = run.metrics[step][BEHAVIOUR_KEY], sync.metrics[step][BEHAVIOUR_KEY]
+    if max(ours, theirs) > BEHAVIOUR_TOL:
+        found.append(f"behaviour log-probs: {BEHAVIOUR_KEY} {ours} vs sync {theirs}")
+    if not same_weights:
+        return found
     if run.trained[step] != sync.trained[step]:
         found.append("samples (prompt, response, reward)")
     for key, tolerance in LOSS_TOLERANCES.items():
         ours, theirs = run.metrics[step][key], sync.metrics[step][key]
         if ours != pytest.approx(theirs, rel=tolerance, abs=1e-5):
             found.append(f"{key}: {ours} vs sync {theirs}")
-    ours, theirs = run.metrics[step][BEHAVIOUR_KEY], sync.metrics[step][BEHAVIOUR_KEY]
-    if max(ours, theirs) > BEHAVIOUR_TOL:
-        found.append(f"behaviour log-probs: {BEHAVIOUR_KEY} {ours} vs sync {theirs}")
     return found
 
 
-def test_lag_bound_zero_trains_exactly_what_sync_trains(grpo_plus_run):
+def test_lag_bound_zero_trains_on_policy_what_sync_trains(grpo_plus_run):
     sync = grpo_plus_run("sync")
     run = grpo_plus_run("in_flight_pipeline", "+trainer.v1.in_flight_pipeline.max_lag=0")
     for step in sorted(run.metrics):
         assert len(run.trained[step]) == 4 * 2
-        assert differences_from_sync(run, sync, step) == [], f"step {step}"
+        assert differences_from_sync(run, sync, step, same_weights=step == 1) == [], f"step {step}"
         assert run.metrics[step]["in_flight/token_lag/max"] == 0
         assert run.metrics[step]["in_flight/dropped_groups"] == 0
 
@@ -64,5 +76,5 @@ def test_lag_bound_one_runs_ahead_within_the_bound(learning_run):
     # verl's own staleness metric (from the samples' min/max version tags) agrees with the token-level bound
     assert all(run.metrics[step]["training/off_policy/trajectory_staleness_worst/max"] <= 1 for step in steps)
     # the control: the comparison that passes at lag 0 catches samples one version old
-    found = differences_from_sync(run, sync, 2)
+    found = differences_from_sync(run, sync, 2, same_weights=False)
     assert any(BEHAVIOUR_KEY in difference for difference in found), found
