@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import verl  # noqa: F401 - the plugin registers the engine on verl's registry
 from verl.checkpoint_engine.base import CheckpointEngineRegistry
@@ -106,3 +108,14 @@ def test_each_sync_rendezvouses_afresh():
 def test_bad_bucket_size_names_the_key():
     with pytest.raises(ValueError, match="update_weights_bucket_megabytes"):
         CheckpointEngineRegistry.get("gloo")(bucket_size=0)
+
+
+def test_the_root_announces_the_port_its_store_is_bound_to():
+    """The root's store takes its port from the kernel while binding, so no other process can take it between a
+    free-port probe and the bind (EADDRINUSE seen once in a suite run), and the workers dial that port."""
+    root = CheckpointEngineRegistry.get("gloo")(bucket_size=BUCKET, is_master=True)
+    rendezvous = root.prepare()
+    assert rendezvous.port == root._store.port and rendezvous.port > 0
+    worker = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False, timeout=timedelta(seconds=10))
+    worker.set("reached", "root")
+    assert root._store.get("reached") == b"root"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
-import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -56,12 +55,6 @@ class GlooRendezvous:
 
     host: str
     port: int
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _node_ip() -> str:
@@ -106,10 +99,11 @@ class GlooCheckpointEngine(CheckpointEngine):
         if not self.is_master:
             return None
         host = _node_ip()
-        port = _free_port(host)
-        # The root owns this sync's store; workers connect as clients in init_process_group.
-        self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=self.timeout)
-        self._rendezvous = GlooRendezvous(host=host, port=port)
+        # The root owns this sync's store; workers connect as clients in init_process_group. Port 0: the store
+        # binds whatever port the kernel gives it, with no window between picking a free port and binding it
+        # (another process took one in that window once: EADDRINUSE in a clean-clone suite run).
+        self._store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=self.timeout)
+        self._rendezvous = GlooRendezvous(host=host, port=self._store.port)
         return self._rendezvous
 
     @classmethod
