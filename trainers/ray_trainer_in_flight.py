@@ -37,6 +37,7 @@ from verl_pipe.trainers.pipelined_trainer import PipelinedTrainer
 from verl_pipe.trainers.sampler_slot import IN_FLIGHT_BUFFER_NAME, IN_FLIGHT_BUFFER_PATH
 from verl_pipe.trainers.token_lag import sample_versions, token_lag_metrics
 
+
 def admissible_prompts(
     batch: int, synced_version: int, max_lag: int, next_step: int, untrained: int, free_slots: int, left_in_run: int
 ) -> int:

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-DATA_SOURCE = "verl_pipe/easy_code"
 TESTS_PER_ITEM = 5
 
 
@@ -74,16 +73,13 @@ FAMILIES: tuple[Family, ...] = (
 
 
 def _item(family: Family, constants: dict[str, Any], rng: random.Random, problem_id: str) -> dict[str, Any]:
-    tests = []
-    for _ in range(TESTS_PER_ITEM):
-        args = family.arguments(rng)
-        tests.append({
-            "input": "\n".join(json.dumps(arg) for arg in args),
-            "output": json.dumps(family.expected(constants, args)),
-            "testtype": "functional",
-        })  # fmt: skip
-    example_args = json.loads("[" + tests[0]["input"].replace("\n", ", ") + "]")
-    call = f"{family.name}({', '.join(repr(arg) for arg in example_args)})"
+    cases = [family.arguments(rng) for _ in range(TESTS_PER_ITEM)]
+    tests = [
+        {"input": "\n".join(json.dumps(arg) for arg in args), "output": json.dumps(family.expected(constants, args)),
+         "testtype": "functional"}
+        for args in cases
+    ]  # fmt: skip
+    call = f"{family.name}({', '.join(repr(arg) for arg in cases[0])})"
     header = f"def {family.name}(self, {family.signature}:"
     statement = family.statement.format(**constants)
     return {
