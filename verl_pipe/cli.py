@@ -1,6 +1,6 @@
 """The ``verl-pipe`` command: utilities around verl runs (training itself stays ``python -m verl.trainer.main_ppo``).
 
-verl-pipe quickstart [--model smollm2|tiny|PATH] [--rollout hf|vllm] [--steps N] [--mode sync|separate_async|one_off_pipeline|minibatch_pipeline|in_flight_pipeline] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
+verl-pipe quickstart [--model smollm2|tiny|PATH] [--data functions|embedded] [--rollout hf|vllm] [--steps N] [--mode sync|separate_async|one_off_pipeline|minibatch_pipeline|in_flight_pipeline] [--trainer v1|legacy] [--algorithm grpo_plus|grpo] [hydra.override=value ...]
 verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]   (or verl's own metrics log; or a timeline.json: a Gantt PNG)
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     qs = sub.add_parser(
         "quickstart",
-        help="GRPO+ on the embedded coding problems with verl's real trainer, on CPU",
+        help="GRPO+ on generated coding problems (or the embedded set) with verl's real trainer, on CPU",
         epilog="trainer modes (--mode):\n" + "\n".join(f"  {m.name:<20} {m.summary}" for m in TRAINER_MODES.values()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -90,3 +90,26 @@ def test_asking_for_more_items_than_the_families_hold_names_the_limit():
         generate_function_problems(100_000)
     with pytest.raises(ValueError, match="count must be >= 1"):
         generate_function_problems(0)
+
+
+def test_interleaved_training_items_give_every_batch_one_of_each_family(tmp_path):
+    import pandas as pd
+
+    from verl_pipe.data.function_family import interleave_families, write_function_dataset
+
+    def ids(items):
+        return [json.loads(item["metadata"])["problem_id"] for item in items]
+
+    train, _ = split_function_problems(200, 120)
+    ordered = interleave_families(train)
+    assert sorted(ids(ordered)) == sorted(ids(train))  # the same items, reordered
+    families = [json.loads(item["metadata"])["family"] for item in ordered]
+    rounds = min(families.count(f.name) for f in FAMILIES)
+    assert rounds >= 5  # at least the demo's 5 steps of 8 prompts
+    for start in range(0, rounds * len(FAMILIES), len(FAMILIES)):
+        assert sorted(families[start : start + len(FAMILIES)]) == sorted(f.name for f in FAMILIES), start
+    # a run that reads in order (data.shuffle=False) gets that order; a shuffled one keeps the split's order
+    in_turn = pd.read_parquet(write_function_dataset(str(tmp_path / "a"), interleave=True)[0])
+    as_split = pd.read_parquet(write_function_dataset(str(tmp_path / "b"))[0])
+    assert [e["problem_id"] for e in in_turn["extra_info"]] == ids(ordered)
+    assert [e["problem_id"] for e in as_split["extra_info"]] == ids(train) != ids(ordered)

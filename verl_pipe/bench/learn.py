@@ -134,6 +134,7 @@ def _quickstart_config(cfg: LearnBenchConfig, mode: str, run_dir: str, address: 
         temperature=cfg.temperature,
         lr=cfg.lr,
         rollout=cfg.engine(mode),
+        shuffle=True,  # verl's shuffled batches (the demo reads the families in turn instead)
         seed=cfg.seed,
         out_dir=run_dir,
         ray_address=address,
@@ -176,7 +177,7 @@ def price_steps(cfg: LearnBenchConfig, out_dir: str, address: str, progress: Cal
 
     schedules = tuple(MODE_SCHEDULES[m] for m in cfg.modes)
     progress(f"pricing the steps: bench pipeline, coding profile, {', '.join(schedules)}")
-    bench = BenchConfig(profiles=("coding",), schedules=schedules, steps=2, ray_address=address,
+    bench = BenchConfig(profiles=("coding",), schedules=schedules, ray_address=address,
                         out_dir=os.path.join(out_dir, "pipeline"))  # fmt: skip
     return run_bench(bench, progress=progress)
 

@@ -127,9 +127,24 @@ def split_function_problems(train: int, val: int, seed: int = 0) -> tuple[list[d
     return [items[i] for i in sorted(order[val:])], [items[i] for i in sorted(order[:val])]
 
 
-def write_function_dataset(out_dir: str, train: int = 200, val: int = 120, seed: int = 0) -> tuple[str, str]:
+def interleave_families(items: list[dict]) -> list[dict]:
+    """The items round-robin by family (the first of each family, then the second of each, ...), so that a
+    sequential batch of ``len(FAMILIES)`` items holds one of each for as long as every family has items left.
+    Without it a batch's mean reward swings with its family mix (SmolLM2 solves every ``count_letter`` item and
+    no ``clamp`` one), hiding the learning in a short run's curve."""
+    by_family: dict[str, list[dict]] = {}
+    for item in items:
+        by_family.setdefault(json.loads(item["metadata"])["family"], []).append(item)
+    queues = [by_family[f.name] for f in FAMILIES if f.name in by_family]
+    return [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]
+
+
+def write_function_dataset(
+    out_dir: str, train: int = 200, val: int = 120, seed: int = 0, interleave: bool = False
+) -> tuple[str, str]:
     """Write ``train.parquet`` and ``val.parquet`` of :func:`split_function_problems` under ``out_dir`` in verl's
-    row format (the embedded set's converter and data source), and return their paths."""
+    row format (the embedded set's converter and data source), and return their paths. ``interleave``: training
+    items in :func:`interleave_families` order, for a run that reads them in order (``data.shuffle=False``)."""
     import os
 
     from .convert import write_parquet
@@ -137,6 +152,8 @@ def write_function_dataset(out_dir: str, train: int = 200, val: int = 120, seed:
 
     os.makedirs(out_dir, exist_ok=True)
     train_items, val_items = split_function_problems(train, val, seed)
+    if interleave:
+        train_items = interleave_families(train_items)
     return (
         write_parquet(to_verl_rows(train_items, split="train"), os.path.join(out_dir, "train.parquet")),
         write_parquet(to_verl_rows(val_items, split="val"), os.path.join(out_dir, "val.parquet")),
