@@ -6,7 +6,7 @@ verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
 verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--steps 3] [--unit-s 4] [--rollout hf|vllm] [--out report.json]
-verl-pipe bench learn [--modes sync,...] [--steps 8] [--val-every 4] [--pipeline-report report.json] [--target 0.45]
+verl-pipe bench learn [--modes sync,...] [--steps 6] [--val-every 3] [--pipeline-report report.json] [--target 0.45]
 verl-pipe bench size [--gpus 32] [--gpu h100] [--params-b 14] [--prompts 64] [--samples 8] [--max-len 16384]
 verl-pipe data prepare deepcoder --src DIR --out DIR [--test-store PATH] | data prepare deepscaler --src FILE --out DIR
 verl-pipe data curate --src DIR --out DIR [--workers N]
@@ -267,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
         "learn", help="validation accuracy of SmolLM2 under every trainer mode, on steps and on the cluster's clock"
     )
     learn.add_argument("--modes", help="comma-separated trainer modes (default: all five; sync is the baseline)")
-    learn.add_argument("--steps", type=int, help="training steps per mode (default 8)")
-    learn.add_argument("--val-every", dest="val_every", type=int, help="validate every N steps (default 4)")
+    learn.add_argument("--steps", type=int, help="training steps per mode (default 6)")
+    learn.add_argument("--val-every", dest="val_every", type=int, help="validate every N steps (default 3)")
     learn.add_argument("--prompts-per-step", dest="prompts_per_step", type=int)
     learn.add_argument("--samples-per-prompt", dest="samples_per_prompt", type=int)
     learn.add_argument("--lr", type=float)
