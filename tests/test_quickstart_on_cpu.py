@@ -245,6 +245,7 @@ def test_each_dataset_brings_its_own_defaults_and_given_values_win():
     composed = _compose(_overrides(functions))
     assert composed.data.max_prompt_length == 256 and composed.actor_rollout_ref.rollout.temperature == 0.7
     assert composed.trainer.val_before_train is True  # the demo shows the untrained model's accuracy too
+    assert not embedded.validate_at_start and not QuickstartConfig(validate_at_end=False).validate_at_start
     assert composed.data.shuffle is False and embedded.shuffle is True  # the demo reads the families in turn
     with pytest.raises(SetupError, match=re.escape("--data must be one of functions, embedded, got 'math'")):
         QuickstartConfig(data="math").validate()

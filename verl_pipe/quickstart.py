@@ -36,6 +36,8 @@ class DataDefaults:
     # False: the training problems in a fixed order, each batch one of every family (function_family's
     # interleave_families), so the per-step reward follows the policy rather than the batch's mix.
     shuffle: bool = True
+    # Validate the untrained model too (when the run validates at all): the baseline a learning curve starts from.
+    validate_at_start: bool = False
 
 
 # "functions" (the default): the generated one-function problems (verl_pipe.data.function_family; 200 training
@@ -45,7 +47,9 @@ class DataDefaults:
 # "embedded": the 50 coding problems shipped in the package (stdin and LeetCode-style; SmolLM2 passes 14
 # greedily, few sampled at temperature 1.0, so most steps have no learning signal).
 DATASETS: dict[str, DataDefaults] = {
-    "functions": DataDefaults(max_prompt_length=256, max_response_length=128, temperature=0.7, lr=2e-5, shuffle=False),
+    "functions": DataDefaults(
+        max_prompt_length=256, max_response_length=128, temperature=0.7, lr=2e-5, shuffle=False, validate_at_start=True
+    ),
     "embedded": DataDefaults(max_prompt_length=512, max_response_length=192, temperature=1.0, lr=2e-6),
 }
 # The one-line way to turn GRPO+ on in any verl command (verl_pipe/config/verl_pipe/grpo_plus.yaml).
@@ -129,9 +133,9 @@ class QuickstartConfig:
     sampler_ranks: Optional[int] = None
     # The rollout engine: "hf" (the plugin's server) or "vllm" (verl's vLLM rollout on vLLM's CPU build).
     rollout: str = "hf"
-    # Greedy validation on the held-out problems before the first step and after the last (verl's own _validate,
-    # through the rollout).
-    validate_at_start: bool = True
+    # Greedy validation on the held-out problems after the last step (verl's own _validate, through the rollout),
+    # and before the first (None: the dataset's default, and only in a run that validates at the end).
+    validate_at_start: Optional[bool] = None
     validate_at_end: bool = True
     seed: int = 0
     out_dir: Optional[str] = None
@@ -147,6 +151,8 @@ class QuickstartConfig:
         for name in ("max_prompt_length", "max_response_length", "temperature", "lr", "shuffle"):
             if getattr(self, name) is None and defaults is not None:
                 setattr(self, name, getattr(defaults, name))
+        if self.validate_at_start is None:
+            self.validate_at_start = self.validate_at_end and defaults is not None and defaults.validate_at_start
         for override in self.overrides:
             key, _, value = override.lstrip("+").partition("=")
             # A hydra override of the step count (make demo ARGS="trainer.total_training_steps=5") is the step count.

@@ -37,7 +37,6 @@ pytestmark = pytest.mark.timeout(900)
 def _cfg(tmp_path, model, trainer, ranks, ray_address, algorithm="grpo", steps=2, data="embedded") -> QuickstartConfig:
     return QuickstartConfig(
         data=data,
-        validate_at_start=data == "functions",  # only the quickstart's own path (below) pays for both validations
         model=model,
         trainer=trainer,
         algorithm=algorithm,
