@@ -172,7 +172,7 @@ def plot_learning(result: dict, out_png: str) -> str:
     """``bench learn``'s report: validation accuracy (Wilson 95% bars) and training reward of every mode, against
     steps and against simulated cluster hours, with the target accuracy as a line."""
     plt = _pyplot()
-    from verl_pipe.evaluation.pass_at_k import wilson_interval
+    from verl_pipe.run_metrics import wilson_interval
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), sharey="row")
     for run in result["runs"]:

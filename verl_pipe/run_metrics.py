@@ -9,11 +9,14 @@ block was found), response length and per-phase times. The summaries go to ``met
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from verl_pipe.reward_score.extract import extract_last_python_block
+
+WILSON_Z = 1.959964  # the two-sided 95% quantile of the normal
 
 # verl metric key -> our short name. Phases appear only when the trainer ran them.
 PHASE_KEYS = {
@@ -79,6 +82,18 @@ def validation_pass_rate(verl_metrics: dict) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
+def wilson_interval(successes: int, n: int, z: float = WILSON_Z) -> tuple[float, float]:
+    """The Wilson score interval of a pass rate, ``successes`` of ``n`` (95% by default). Unlike the normal
+    approximation it stays inside [0, 1] and does not collapse to a point at 0 or n passes."""
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n and n >= 1, got {successes} of {n}")
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 @dataclass(frozen=True)
 class Validation:
     """One greedy validation: ``passed`` of ``items`` validation problems solved (step 0: before training)."""
@@ -93,8 +108,6 @@ class Validation:
 
     @property
     def interval(self) -> tuple[float, float]:
-        from verl_pipe.evaluation.pass_at_k import wilson_interval
-
         return wilson_interval(self.passed, self.items)
 
     def line(self) -> str:

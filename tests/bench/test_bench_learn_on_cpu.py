@@ -22,8 +22,7 @@ from verl_pipe.bench.learn import (
 )
 from verl_pipe.cli import build_parser
 from verl_pipe.compat import SetupError
-from verl_pipe.evaluation.pass_at_k import wilson_interval
-from verl_pipe.run_metrics import Validation, validations_from_verl_log
+from verl_pipe.run_metrics import Validation, validations_from_verl_log, wilson_interval
 
 
 def test_wilson_interval_matches_its_closed_forms():

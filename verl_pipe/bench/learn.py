@@ -26,9 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
-from verl_pipe.evaluation.pass_at_k import wilson_interval
 from verl_pipe.quickstart import DATASETS
-from verl_pipe.run_metrics import Validation, validations_from_verl_log
+from verl_pipe.run_metrics import Validation, validations_from_verl_log, wilson_interval
 
 # Each trainer mode and the pipeline benchmark's schedule that prices its step (sync with the streaming reward,
 # as the quickstart runs it).

@@ -15,7 +15,6 @@ Inputs are :class:`ProblemResult` records or plain dicts such as
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -23,7 +22,6 @@ from typing import Any
 import numpy as np
 
 MISSING_GROUP = "<missing>"
-WILSON_Z = 1.959964  # the two-sided 95% quantile of the normal
 
 
 @dataclass(frozen=True)
@@ -100,18 +98,6 @@ def pass_at_k(n: int, c: int, k: int, *, problem: str = "<unnamed>") -> float:
     if n - c < k:  # every k-subset holds a correct sample
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
-def wilson_interval(successes: int, n: int, z: float = WILSON_Z) -> tuple[float, float]:
-    """The Wilson score interval of a pass rate, ``successes`` of ``n`` (95% by default). Unlike the normal
-    approximation it stays inside [0, 1] and does not collapse to a point at 0 or n passes."""
-    if n < 1 or not 0 <= successes <= n:
-        raise ValueError(f"need 0 <= successes <= n and n >= 1, got {successes} of {n}")
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def mean_pass_at_k(results: Iterable[Mapping[str, Any] | ProblemResult], k: int) -> float:
