@@ -172,14 +172,15 @@ def plot_learning(result: dict, out_png: str) -> str:
     """``bench learn``'s report: validation accuracy (Wilson 95% bars) and training reward of every mode, against
     steps and against simulated cluster hours, with the target accuracy as a line."""
     plt = _pyplot()
-    from verl_pipe.run_metrics import wilson_interval
+    from verl_pipe.run_metrics import Validation
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), sharey="row")
     for run in result["runs"]:
         hours_per_step = run["hours_per_step"]
-        val_steps = [v["step"] for v in run["validations"]]
-        accuracy = [100 * v["passed"] / v["items"] for v in run["validations"]]
-        bounds = [wilson_interval(v["passed"], v["items"]) for v in run["validations"]]
+        validations = [Validation(**record) for record in run["validations"]]
+        val_steps = [v.step for v in validations]
+        accuracy = [100 * v.accuracy for v in validations]
+        bounds = [v.interval for v in validations]
         errors = [[a - 100 * low for a, (low, _) in zip(accuracy, bounds)],
                   [100 * high - a for a, (_, high) in zip(accuracy, bounds)]]  # fmt: skip
         reward_steps = list(range(1, len(run["rewards"]) + 1))

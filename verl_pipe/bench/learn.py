@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
 from verl_pipe.quickstart import DATASETS
-from verl_pipe.run_metrics import Validation, validations_from_verl_log, wilson_interval
+from verl_pipe.run_metrics import Validation, validations_from_verl_log
 
 # Each trainer mode and the pipeline benchmark's schedule that prices its step (sync with the streaming reward,
 # as the quickstart runs it).
@@ -259,10 +259,6 @@ def run_learn_bench(cfg: LearnBenchConfig, progress: Callable[[str], None] = pri
     return result
 
 
-def _pct(value: Optional[float]) -> str:
-    return "    -" if value is None else f"{100 * value:5.1f}"
-
-
 def format_report(result: dict[str, Any]) -> str:
     items = result["runs"][0]["validations"][0]["items"]
     lines = [
@@ -277,9 +273,10 @@ def format_report(result: dict[str, Any]) -> str:
         row = result["comparison"][run["mode"]]
         first, last = run["validations"][0], run["validations"][-1]
 
-        def with_interval(v: dict) -> str:
-            low, high = wilson_interval(v["passed"], v["items"])
-            return f"{100 * v['passed'] / v['items']:4.1f} [{100 * low:4.1f},{100 * high:4.1f}]"
+        def with_interval(record: dict) -> str:
+            v = Validation(**record)
+            low, high = v.interval
+            return f"{100 * v.accuracy:4.1f} [{100 * low:4.1f},{100 * high:4.1f}]"
 
         hours = row["hours_to_target"]
         speedup = row["speedup_to_target_vs_sync"]
