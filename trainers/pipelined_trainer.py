@@ -27,6 +27,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
+import ray
 from omegaconf import open_dict
 
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
@@ -154,10 +155,27 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
     def on_validate_begin(self):
         super().on_validate_begin()
         self._phase("validate")
+        self._lend_trainer_cores(True)
 
     def on_validate_end(self):
+        self._lend_trainer_cores(False)
         super().on_validate_end()
         self._phase(None)
+
+    def _lend_trainer_cores(self, lend: bool) -> None:
+        """verl validates on the sampler pool while the trainer pool waits: lend the trainer ranks' torch threads to
+        the hf servers for that time (on CPU the pools split the cores, and greedy validation is the sampler's
+        slowest work), and take them back after. Other engines size their threads at start and keep them."""
+        from verl_pipe.backends.cpu.hf_replica import HFReplica
+
+        servers = [r._server_handle for r in self.standalone_server_manager.get_replicas() if isinstance(r, HFReplica)]
+        if not servers:
+            return
+        extra = 0
+        if lend:  # each trainer rank runs OMP_NUM_THREADS threads (the CPU backend's split of the cores)
+            trainer_threads = self.actor_rollout_wg.world_size * int(os.environ.get("OMP_NUM_THREADS") or 1)
+            extra = max(1, trainer_threads // len(servers))
+        ray.get([server.lend_torch_threads.remote(extra) for server in servers])
 
     # --- per-step metrics and ledger ----------------------------------------------------------------------------
 

@@ -115,6 +115,23 @@ def test_process_group_on_cpu_needs_the_patch(plugins, expect):
     assert expect in out.stdout, out.stdout + out.stderr[-2000:]
 
 
+@pytest.mark.parametrize("world_size,expect", [("1", "BACKEND cpu:gloo"), ("2", "FAILED DistNetworkError")])
+def test_one_rank_group_moves_off_a_taken_port(world_size, expect):
+    """Guards: a run dying at start because another process took verl's MASTER_PORT between the driver picking it
+    and rank 0 binding it (seen on 2 cores). A one-rank group moves to a free port; a larger one cannot (its peers
+    know the port) and still fails, the control that the port really was taken."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        code = GLOO_INIT.replace('WORLD_SIZE="1"', f'WORLD_SIZE="{world_size}"')
+        env = dict(os.environ, VERL_PLATFORM="cpu", VERL_USE_EXTERNAL_PLUGINS="auto")
+        out = subprocess.run([sys.executable, "-c", code, port], env=env, capture_output=True, text=True, timeout=180)
+    assert expect in out.stdout, out.stdout + out.stderr[-2000:]
+
+
 def test_forward_only_offload_does_not_pin_memory():
     apply_cpu_patches()
     from verl.workers.engine.fsdp import transformer_impl

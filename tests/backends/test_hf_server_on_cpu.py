@@ -109,6 +109,23 @@ def test_abort_releases_waiters_and_resume_serves_again(server):
     _call(server.resume_generation.remote())
 
 
+def test_lent_threads_decode_the_next_batches_and_are_given_back(server):
+    """Guards: a trainer's cores lent for validation that never reach the decode thread (torch's thread count is
+    per calling thread once it has run: setting it on the actor's event loop leaves the decode thread as it was), or
+    that stay lent after the trainer takes them back (the trainer and the sampler would then share its cores)."""
+
+    def batch_threads(request_id: str) -> int:
+        _call(server.generate.remote(prompt_ids=[5, 6], sampling_params={"temperature": 0}, request_id=request_id))
+        return _call(server.get_stats.remote())["last_batch_threads"]
+
+    own = _call(server.get_stats.remote())["own_torch_threads"]
+    assert batch_threads("own") == own
+    assert _call(server.lend_torch_threads.remote(1)) == own + 1
+    assert batch_threads("lent") == own + 1
+    assert _call(server.lend_torch_threads.remote(0)) == own
+    assert batch_threads("given back") == own
+
+
 def test_latency_model_holds_each_request_for_its_modelled_time(ray_cluster, tiny_model_path):
     """With the benchmark latency model on, a request lasts its modelled generation time, and a replica with one
     decode slot serves two requests one after the other (the second waits for the slot)."""

@@ -127,7 +127,14 @@ class HFRolloutServer:
         # Generation timing (benchmarks only; :mod:`.generation_timing`): this replica's timing state.
         self._replica_timing: Optional[ReplicaTiming] = None
         self._prompt_requests: dict[bytes, int] = {}  # prompt digest -> requests served (the next sample's index)
-        self.stats = {"batches": 0, "requests": 0, "max_batch": 0, "tokens": 0, "weight_updates": 0}
+        # The actor's own torch threads (its OMP_NUM_THREADS share of the cores); a trainer lends it more while it
+        # waits for a validation (``lend_torch_threads``).
+        self.own_torch_threads = torch.get_num_threads()
+        self.torch_threads = self.own_torch_threads  # what the decode thread runs with (set per forward pass)
+        self._batch_threads = 0  # the threads the running batch's last forward pass decoded with
+        self.stats = {
+            "batches": 0, "requests": 0, "max_batch": 0, "tokens": 0, "weight_updates": 0, "last_batch_threads": 0,
+        }  # fmt: skip
 
     # ---- generation -------------------------------------------------------------------------------------------
 
@@ -261,13 +268,19 @@ class HFRolloutServer:
                     self._queue_event.clear()
                 if not batch:
                     continue
+                self._batch_threads = 0
+
                 def release(index: int, result: GenerationResult, batch=batch) -> None:
                     # Called from the decode thread; the future belongs to the event loop.
                     loop.call_soon_threadsafe(_resolve, batch[index].future, result)
 
                 def policy_version() -> Optional[int]:
-                    # Called from the decode thread before every forward pass: an in-flight update loads here.
+                    # Called from the decode thread before every forward pass: an in-flight update loads here, and
+                    # lent threads apply here (torch's thread count is per calling thread once that thread has run).
                     self._take_in_flight_update(loop)
+                    if torch.get_num_threads() != self.torch_threads:
+                        torch.set_num_threads(self.torch_threads)
+                    self._batch_threads = torch.get_num_threads()
                     return self.global_steps
 
                 try:
@@ -286,7 +299,11 @@ class HFRolloutServer:
                 finally:
                     self._take_in_flight_update(loop)  # the batch ended before its next decode step
             tokens = sum(len(r.token_ids) for r in results)
-            logger.info("hf rollout %d: batch of %d requests, %d tokens", self.replica_rank, len(batch), tokens)
+            logger.info(
+                "hf rollout %d: batch of %d requests, %d tokens, %d threads",
+                self.replica_rank, len(batch), tokens, self._batch_threads,
+            )  # fmt: skip
+            self.stats["last_batch_threads"] = self._batch_threads
             self.stats["batches"] += 1
             self.stats["requests"] += len(batch)
             self.stats["max_batch"] = max(self.stats["max_batch"], len(batch))
@@ -386,6 +403,17 @@ class HFRolloutServer:
         if loaded is not None:  # the modelled replica's version follows (no load: nothing stalls)
             loaded(int(global_steps), in_flight=False)
 
+    # ---- cores ------------------------------------------------------------------------------------------------
+
+    async def lend_torch_threads(self, extra: int) -> int:
+        """Decode with ``extra`` threads more than this actor's own (0: its own again); returns the count now.
+
+        On CPU the trainer's pool and the sampler's split the cores. While the trainer waits for a validation, which
+        runs on the sampler alone, it lends its share here: validation is the sampler's slowest work (greedy
+        answers run to their length in static batches). Applies from the running batch's next decode step."""
+        self.torch_threads = self.own_torch_threads + max(0, int(extra))
+        return self.torch_threads
+
     # ---- lifecycle calls verl makes on every rollout server ---------------------------------------------------
 
     async def abort_all_requests(self, reject_request: bool = False) -> None:
@@ -432,7 +460,7 @@ class HFRolloutServer:
     # ---- introspection (tests, the benchmark, debugging) ------------------------------------------------------
 
     async def get_stats(self) -> dict[str, Any]:
-        return dict(self.stats, global_steps=self.global_steps)
+        return dict(self.stats, global_steps=self.global_steps, own_torch_threads=self.own_torch_threads)
 
     async def score(self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0) -> list[float]:
         """Log-probs of a fixed sequence under the served weights (used to verify weight sync)."""

@@ -7,9 +7,16 @@ apply only when ``VERL_PLATFORM=cpu`` and only on a supported verl version; on G
 from __future__ import annotations
 
 import importlib
+import logging
+import os
+import socket
+
+import torch
 
 from verl_pipe.patching import fired, is_patched
 from verl_pipe.patching import mark_patched as _mark
+
+logger = logging.getLogger(__name__)
 
 
 # --- 1. Resource check counts only GPUs/NPUs --------------------------------------------------------------
@@ -40,6 +47,15 @@ def _patch_resource_check() -> None:
 
 # --- 2. Process-group backend string "cpu:gloo,cpu:gloo" -------------------------------------------------
 
+_PORT_RETRIES = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
 _GLOO_FN_MODULES = ("verl.utils.distributed", "verl.workers.engine_workers", "verl.checkpoint_engine.base")
 
 
@@ -54,7 +70,20 @@ def _patch_gloo_backend() -> None:
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
         fired("gloo_backend_string")
         # torch rejects a backend string that names the cpu device twice.
-        return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+        backend = backend or "cpu:gloo"
+        for attempt in range(_PORT_RETRIES + 1):
+            try:
+                return original(timeout_second=timeout_second, backend=backend)
+            except torch.distributed.DistNetworkError as error:
+                # verl's worker group picks MASTER_PORT free in the driver and rank 0 binds it later; on a busy host
+                # (2 cores, a Ray cluster starting workers) another process takes it in between now and then. A
+                # one-rank group has no peer that knows the port, so it can move; a larger one must fail.
+                one_rank = os.environ.get("WORLD_SIZE", "1") == "1"
+                if attempt == _PORT_RETRIES or "EADDRINUSE" not in str(error) or not one_rank:
+                    raise
+                taken, os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT"), str(_free_port())
+                logger.warning("MASTER_PORT %s was taken before this one-rank process group bound it; moved to %s",
+                               taken, os.environ["MASTER_PORT"])  # fmt: skip
 
     # engine_workers and checkpoint_engine import the function by name, so rebind it there too.
     for module_name in _GLOO_FN_MODULES:
