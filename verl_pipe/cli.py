@@ -17,7 +17,9 @@ verl-pipe doctor
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from dataclasses import fields
 
 from verl_pipe.compat import SetupError, exit_on_setup_error
@@ -311,12 +313,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken as Ctrl-C: the same clean-up runs (the training child is stopped, the Ray head taken down)."""
+
+
+def _terminate_like_ctrl_c(signum, frame) -> None:
+    raise Terminated(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Python's default SIGTERM ends the process without its `finally` blocks: a scheduler's or CI's SIGTERM would
+    # leave the verl child and the Ray head this command started running on the machine.
+    in_main_thread = threading.current_thread() is threading.main_thread()  # where Python allows handlers
+    previous = signal.signal(signal.SIGTERM, _terminate_like_ctrl_c) if in_main_thread else None
     try:
         return args.func(args)
     except SetupError as error:
         exit_on_setup_error(error)
+    except Terminated:
+        print("verl-pipe: terminated (SIGTERM); stopped what this command had started", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if in_main_thread:  # a caller's own handler (a test session's) comes back
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     return 1
 
 
