@@ -2,8 +2,9 @@
 
 * :class:`InFlightCheckpointManager`: verl's ``CheckpointEngineManager.update_weights`` aborts every running
   request, frees the KV cache, loads, and resumes (the partial-rollout client re-prefills what was cut). Here the
-  abort, KV release/restore and resume steps are no-ops; the transfer is verl's own. The hf servers, switched to
-  in-flight loading (``set_in_flight_updates``), load the weights at their running batch's next decode step.
+  abort, KV release/restore and resume steps are no-ops; the transfer is verl's own. The servers, switched to
+  in-flight loading (``set_in_flight_updates``), load the weights between two decode steps: the hf server at its
+  running batch's next one, vLLM's engine between two scheduler steps (verl's weight RPC is a utility call there).
 * :class:`VersionKeepingClient`: verl's ``FullyAsyncLLMServerClient`` rebuilds each answer and keeps only the
   version of its last piece. This one also keeps the lowest version of any piece and the per-token versions
   (``token_versions``), so the trainer can measure each token's lag.
@@ -11,16 +12,27 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import ray
 
 from verl.checkpoint_engine import CheckpointEngineManager
+from verl.utils.ray_utils import auto_await
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 
 
 class InFlightCheckpointManager(CheckpointEngineManager):
     """verl's weight sync without the abort: requests keep decoding, and keep their KV cache."""
+
+    # Servers to tell each sync's version before it starts (vLLM's: its weight RPC carries none).
+    version_listeners: tuple = ()
+
+    @auto_await
+    async def update_weights(self, global_steps: int = None):
+        if self.version_listeners and global_steps is not None:
+            await asyncio.gather(*[server.expect_weights.remote(global_steps) for server in self.version_listeners])
+        return await super().update_weights(global_steps)
 
     async def abort_replicas(self):
         return None
@@ -35,19 +47,28 @@ class InFlightCheckpointManager(CheckpointEngineManager):
         return None
 
 
-def enable_in_flight_updates(replicas) -> None:
-    """Make each replica's server load later syncs between decode steps; only the hf server can (for now)."""
+def enable_in_flight_updates(replicas) -> list:
+    """Switch each replica's servers to in-flight loads; returns those that must be told each sync's version first.
+
+    The hf server loads a sync at its running batch's next decode step; vLLM's engine runs verl's weight RPC between
+    two steps already, and its server (the CPU backend's) counts which tokens came before each load."""
     from verl_pipe.backends.cpu.hf_replica import HFReplica
 
-    handles = []
+    handles, listeners = [], []
     for replica in replicas:
-        if not isinstance(replica, HFReplica):
+        if isinstance(replica, HFReplica):
+            servers = [replica._server_handle]
+        elif getattr(replica, "announces_versions", False):  # CPUvLLMReplica (importable only with vLLM)
+            servers = list(replica.servers)
+            listeners.extend(servers)
+        else:
             raise TypeError(
-                f"in_flight_pipeline loads weights between decode steps, which the {type(replica).__name__} replica "
-                "cannot do yet: set actor_rollout_ref.rollout.name=hf"
+                f"in_flight_pipeline loads weights while requests run, which the {type(replica).__name__} replica "
+                "cannot report per token: set actor_rollout_ref.rollout.name=hf or vllm (on the CPU backend)"
             )
-        handles.append(replica._server_handle.set_in_flight_updates.remote(True))
+        handles.extend(server.set_in_flight_updates.remote(True) for server in servers)
     ray.get(handles)
+    return listeners
 
 
 class _PieceRecorder(LLMServerClient):

@@ -85,11 +85,11 @@ class InFlightPipelineTrainer(PipelinedTrainer):
     def _check_layout(self, config) -> None:
         super()._check_layout(config)
         name = config.actor_rollout_ref.rollout.name
-        if name != "hf":
+        if name not in ("hf", "vllm"):
             raise PipelineConfigError(
-                f"trainer.v1.{self.MODE} loads weights between decode steps, which the {name!r} rollout cannot do "
-                "yet: set actor_rollout_ref.rollout.name=hf (vLLM's pause_generation(mode='keep') is the way "
-                "there: docs/vllm.md)"
+                f"trainer.v1.{self.MODE} loads weights between decode steps and tags each token with the version "
+                f"that sampled it, which the {name!r} rollout cannot do yet: set actor_rollout_ref.rollout.name=hf "
+                "or vllm"
             )
         tau = self.pipeline_cfg.max_staleness
         if tau is not None and tau < self.pipeline_cfg.max_lag:
@@ -107,7 +107,7 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         self.standalone_checkpoint_manager = InFlightCheckpointManager(
             config=engine_config, actor_wg=self.actor_rollout_wg, replicas=replicas
         )
-        enable_in_flight_updates(replicas)
+        self.standalone_checkpoint_manager.version_listeners = tuple(enable_in_flight_updates(replicas))
 
     def get_llm_client(self):
         return self.standalone_server_manager.get_client(client_cls=VersionKeepingClient)

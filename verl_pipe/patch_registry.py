@@ -56,7 +56,10 @@ PATCHES: tuple[VerlPatch, ...] = (
         name="gloo_backend_string",
         target="verl.utils.distributed:initialize_global_process_group_ray",
         fingerprint='f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"',
-        why="on the cpu device the backend string names cpu:gloo twice, which torch rejects",
+        why=(
+            "on the cpu device the backend string names cpu:gloo twice, which torch rejects; and a one-rank group "
+            "moves off a MASTER_PORT another process took between verl picking it and the rank binding it"
+        ),
         upstream="initialize_global_process_group_ray should not repeat 'cpu:gloo' when the device is cpu",
         apply=f"{_CPU}:_patch_gloo_backend",
         trigger=AT_PLUGIN_LOAD,

@@ -6,8 +6,9 @@ normal suite never needs vLLM (``make test-vllm`` builds that venv and runs them
 ``python -m verl.trainer.main_ppo`` with SmolLM2-135M-Instruct (the model the vLLM engine is known to serve on
 CPU), 3 steps, through verl's ``vLLMReplica`` / ``vLLMHttpServer`` (our CPU subclasses), verl's ``ServerAdapter``
 and its bucketed shared-memory weight transfer into the engine; one run per trainer mode: verl's ``sync``
-(colocated, naive sync) and ``separate_async``, and verl-pipe's ``one_off_pipeline`` and ``minibatch_pipeline``
-(separate pools, the gloo checkpoint engine into the rollout pool's ``ServerAdapter``). What is checked:
+(colocated, naive sync) and ``separate_async``, and verl-pipe's ``one_off_pipeline``, ``minibatch_pipeline`` and
+``in_flight_pipeline`` (separate pools, the gloo checkpoint engine into the rollout pool's ``ServerAdapter``). What
+is checked:
 
 * it finishes, with a metrics record for every step;
 * wherever a step samples from the weights the trainer holds (staleness 0), the engine serves them: the
@@ -209,4 +210,30 @@ def test_one_off_pipeline_samples_one_version_behind_from_vllm(tmp_path, ray_clu
     for step, data in enumerate(later, start=2):
         assert ledger[step]["sample_versions"] == [[step - 2, step - 2]], ledger[step]
         assert data["training/off_policy/trajectory_staleness/max"] == 1
+    _assert_every_sync_changed_the_engine(probe, at_least=STEPS)
+
+
+def test_in_flight_pipeline_loads_into_running_vllm_requests_and_tags_their_tokens(
+    tmp_path, ray_cluster, verl_runner, tail_of
+):
+    """verl-pipe's in_flight_pipeline on vLLM: nothing is aborted; each sync is verl's weight RPC, which vLLM's
+    engine runs between two scheduler steps while the running requests wait with their KV cache, and the worker
+    reports how many tokens each had sampled, so every answer's tokens carry the versions that sampled them. One
+    request at a time and longer answers make generation outlast a training step, so loads land inside answers:
+    some trained samples span two versions, none lags more than the bound (the trainer raises otherwise), nothing
+    reaches training aborted, and every sync changed the engine's weights. A server that ignored the worker's
+    counts would tag each answer with one version, and no sample would span two."""
+    probe = str(tmp_path / "vllm_sync_probe.jsonl")
+    rc, steps, log = _run(
+        tmp_path, ray_cluster, verl_runner, "in_flight_pipeline",
+        [f"+{PROBE_ENV_OVERRIDE}={probe}", "actor_rollout_ref.rollout.max_num_seqs=1", "data.max_response_length=128"],
+    )  # fmt: skip
+    assert rc == 0, tail_of(log)
+    records = _records(steps, log, tail_of)
+    lag_metrics = [{k: v for k, v in data.items() if k.startswith("in_flight/")} for data in records]
+    assert all(data["in_flight/token_lag/max"] <= 1 for data in records), lag_metrics
+    assert max(data["in_flight/spanning_samples_share"] for data in records) > 0, lag_metrics
+    assert max(data["in_flight/token_lag/mean"] for data in records) > 0, lag_metrics
+    for data in records:
+        assert data["response/aborted_ratio"] == 0, data
     _assert_every_sync_changed_the_engine(probe, at_least=STEPS)

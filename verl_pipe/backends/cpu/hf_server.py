@@ -31,6 +31,7 @@ import torch
 
 from verl_pipe.backends.cpu.generation_timing import GenerationTiming, ReplicaTiming, generation_timing
 from verl_pipe.backends.cpu.hf_generation import BatchedGenerator, GenerationRequest, GenerationResult
+from verl_pipe.backends.cpu.in_flight_loads import version_tags
 
 logger = logging.getLogger("verl_pipe.hf_server")
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))  # verl's own verbosity switch; INFO logs every batch
@@ -187,7 +188,11 @@ class HFRolloutServer:
             log_probs=result.log_probs if want_log_probs else None,
             # verl's servers report "completed" for both EOS and length; we keep the detail in extra_fields.
             stop_reason="aborted" if result.finish_reason == "abort" else "completed",
-            extra_fields={**self._version_tags(result), "finish_reason": result.finish_reason, **extra_fields},
+            extra_fields={
+                **version_tags(result.token_versions, self.global_steps),
+                "finish_reason": result.finish_reason,
+                **extra_fields,
+            },
         )
 
     def _request_seed(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> int:
@@ -204,19 +209,6 @@ class HFRolloutServer:
         fields = [self.config.seed, index] if self.replica_rank == 0 else [self.config.seed, self.replica_rank, index]
         digest = hashlib.blake2b(json.dumps(fields).encode(), key=key, digest_size=8).digest()
         return int.from_bytes(digest, "big")
-
-    def _version_tags(self, result: GenerationResult) -> dict[str, Any]:
-        """verl's version tags of an answer, from the versions that sampled its tokens: ``global_steps`` the
-        freshest, ``min_``/``max_global_steps`` the range, and ``token_versions`` when an in-flight update fell
-        inside the answer."""
-        versions = result.token_versions
-        if not versions:
-            return {"global_steps": self.global_steps}
-        low, high = min(versions), max(versions)
-        tags: dict[str, Any] = {"global_steps": high, "min_global_steps": low, "max_global_steps": high}
-        if low != high:
-            tags["token_versions"] = list(versions)
-        return tags
 
     async def _run(self, request: GenerationRequest) -> GenerationResult:
         future = asyncio.get_running_loop().create_future()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Optional
 
 import ray
 
@@ -43,6 +44,7 @@ except (ImportError, ValueError) as error:  # verl raises ValueError when it fin
 from verl.plugin.platform import get_platform
 from verl.utils.net_utils import is_valid_ipv6_address
 from verl_pipe.backends.cpu.generation_timing import generation_timing
+from verl_pipe.backends.cpu.in_flight_loads import InFlightLoads, version_tags
 
 logger = logging.getLogger("verl_pipe")
 
@@ -54,7 +56,19 @@ DEFAULT_KV_CACHE_BYTES = 1 << 30
 class CPUvLLMHttpServer(vLLMHttpServer):
     """verl's vLLM server actor, with the engine settings a CPU host can honour."""
 
+    _in_flight: Optional[InFlightLoads] = None  # set by a trainer mode that never drains the sampler
+
     async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
+        loads = self._in_flight
+        if loads is None:
+            return await self._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+        mark = loads.mark()
+        output = await self._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+        versions = await loads.versions(request_id, len(output.token_ids), mark)
+        output.extra_fields = {**(output.extra_fields or {}), **version_tags(versions, self.global_steps)}
+        return output
+
+    async def _generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
         timing = generation_timing()
         if timing is None:
             return await super().generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
@@ -74,6 +88,32 @@ class CPUvLLMHttpServer(vLLMHttpServer):
         # verl's server tagged the output with the weights that generated it; the timed wait must not retag it.
         output.extra_fields = {**extra_fields, **(output.extra_fields or {})}
         return output
+
+    # ---- in-flight weight loads (trainer.v1.trainer_mode=in_flight_pipeline) ---------------------------------------
+
+    async def set_in_flight_updates(self, enabled: bool) -> None:
+        """Tag every answer's tokens with the versions that sampled them, across the loads that run while it decodes
+        (:mod:`verl_pipe.backends.cpu.in_flight_loads`). verl's sync already loads between engine steps without
+        aborting anything once the trainer skips its abort."""
+        if enabled and generation_timing() is not None:
+            raise NotImplementedError(
+                "the pipeline benchmark's latency model cannot time in-flight loads on vLLM yet (the hf server reports "
+                "them to it): run in_flight_pipeline's benchmark with --rollout hf"
+            )
+        self._in_flight = InFlightLoads(self.global_steps) if enabled else None
+
+    async def expect_weights(self, version: int) -> None:
+        """The version the next weight load brings (vLLM's weight RPC carries none); the trainer says it first."""
+        if self._in_flight is not None:
+            self._in_flight.expected = int(version)
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        loads = self._in_flight
+        if loads is None or method != "update_weights_from_ipc":
+            return await super().collective_rpc(method, timeout=timeout, args=args, kwargs=kwargs)
+        async with loads.loading():
+            results = await self.engine.collective_rpc(method=method, timeout=timeout, args=args, kwargs=kwargs)
+            loads.record(results[0]["sampled_before"])  # every rank runs the same requests
 
     async def abort_all_requests(self, *args, **kwargs):
         result = await super().abort_all_requests(*args, **kwargs)
@@ -113,6 +153,9 @@ def _cut_output(output, share: float):
 
 class CPUvLLMReplica(vLLMReplica):
     """verl's vLLM replica; only the server placement differs (no accelerator ids on CPU)."""
+
+    # Its servers tag in-flight loads (``set_in_flight_updates``) once told each sync's version (``expect_weights``).
+    announces_versions = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

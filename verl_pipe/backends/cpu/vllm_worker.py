@@ -32,13 +32,25 @@ logger = logging.getLogger("verl_pipe")
 
 
 class CPUvLLMWorkerExtension(vLLMColocateWorkerExtension):
+    def monkey_patch_model(self, *args, **kwargs):
+        result = super().monkey_patch_model(*args, **kwargs)  # verl calls it once, when the engine has started
+        _count_ended_requests(self.model_runner)
+        return result
+
     def update_weights_from_ipc(self, peft_config: dict = None, base_sync_done=False, use_shm: bool = False):
+        """Load the weights the trainer streams; returns each request's tokens sampled before the load.
+
+        vLLM's engine core runs this between two scheduler steps (a utility call), with every running request
+        waiting and keeping its KV cache: the counts say which of their tokens the old weights sampled
+        (:mod:`verl_pipe.backends.cpu.in_flight_loads`)."""
         from verl.utils.vllm.vllm_quant_utils import is_quantized_model
 
+        sampled_before = _sampled_so_far(self.model_runner)
         if peft_config or self._is_qat_model or self._is_modelopt_qat or is_quantized_model(
             self.model_runner.vllm_config
         ):
-            return super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
+            super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
+            return {"sampled_before": sampled_before}
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
         from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightReceiver
@@ -60,6 +72,33 @@ class CPUvLLMWorkerExtension(vLLMColocateWorkerExtension):
             finalize_layerwise_reload(model, model_config)
             _repack_kept_weights(model)
         _record_sync_probe(self.model_runner.model)
+        return {"sampled_before": sampled_before}
+
+
+def _count_ended_requests(runner) -> None:
+    """Keep the token count of every request the model runner drops (it ended), until the next load reports it.
+
+    A request that ends in the last step before a load is still in the runner's table; one that ended earlier is
+    not, and its answer may still be on its way to the server when the load's counts arrive there."""
+    runner.verl_pipe_ended = {}
+    dropped = runner._on_request_state_removed
+
+    def on_request_state_removed(req_id, req_state, *args, **kwargs):
+        if req_state is not None:
+            runner.verl_pipe_ended[req_id] = len(req_state.output_token_ids)
+        return dropped(req_id, req_state, *args, **kwargs)
+
+    runner._on_request_state_removed = on_request_state_removed
+
+
+def _sampled_so_far(runner) -> dict[str, int]:
+    """Per engine request id: the output tokens sampled so far, by the requests running and those ended since the
+    last load (then forgotten: each load reports what happened since the one before)."""
+    ended = getattr(runner, "verl_pipe_ended", {})
+    counts = {req_id: len(state.output_token_ids) for req_id, state in runner.requests.items()}
+    counts.update({req_id: n for req_id, n in ended.items() if req_id not in counts})
+    ended.clear()
+    return counts
 
 
 # Tests only: a file to which every weight sync appends a checksum of the engine's host-resident weights.
