@@ -87,7 +87,7 @@ bench: $(call deps_for,$(BENCH_ROLLOUT))
 # Does every trainer mode learn, and how soon on the simulated cluster's clock (issue 19): SmolLM2 with GRPO+ on the
 # generated function problems, greedy validation on 120 unseen ones, each mode for the same samples; the steps are
 # priced by a run of `bench pipeline` (coding profile; ARGS="--pipeline-report runs/bench_pipeline.json" reuses
-# `make bench`'s). 93 min on 2 cores (measured once); vLLM rollouts by default (in_flight_pipeline runs with hf).
+# `make bench`'s). 93-97 min on 2 cores (two runs); vLLM rollouts by default (in_flight_pipeline runs with hf).
 # LEARN_ROLLOUT=hf needs no .venv-vllm.
 LEARN_ROLLOUT ?= vllm
 bench-learn: $(call deps_for,$(LEARN_ROLLOUT))
