@@ -101,7 +101,9 @@ class InFlightLoads:
         self.loads.append(WeightLoad(self.expected, by_caller_id))
         self.version, self.expected = self.expected, None
 
-    async def versions(self, request_id: str, num_tokens: int, mark: tuple[int, Optional[int]]) -> list[int]:
+    async def versions(
+        self, request_id: str, num_tokens: int, mark: tuple[int, Optional[int]]
+    ) -> list[Optional[int]]:
         await self._settled.wait()
         first_load, version = mark
         return token_versions(request_id, num_tokens, version, self.loads[first_load:])
