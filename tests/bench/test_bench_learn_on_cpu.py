@@ -164,5 +164,5 @@ def test_every_trainer_mode_is_priced_by_a_pipeline_schedule():
     assert set(MODE_SCHEDULES) == set(TRAINER_MODES)
     for mode, schedule in MODE_SCHEDULES.items():
         assert SCHEDULES[schedule].trainer_mode == mode and not SCHEDULES[schedule].extra_overrides
-    assert LearnBenchConfig().engine("in_flight_pipeline") == "hf"  # the hf server's in-flight loads, for now
+    assert LearnBenchConfig(rollout="vllm").engine == "vllm"  # every mode, in_flight_pipeline's loads included
     LearnBenchConfig().validate()  # the defaults are a valid bench

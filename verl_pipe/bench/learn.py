@@ -89,8 +89,8 @@ class LearnBenchConfig:
     # The accuracy every mode should reach; None: the accuracy before training plus target_rise.
     target: Optional[float] = None
     target_rise: float = 0.10
-    # vllm when this virtualenv has it, else hf. in_flight_pipeline runs with hf whatever this says (its in-flight
-    # weight loads are the hf server's for now).
+    # vllm when this virtualenv has it, else hf; every mode runs on it (in_flight_pipeline's in-flight loads work on
+    # both servers).
     rollout: Optional[str] = None
     # A ``verl-pipe bench pipeline --out`` report to price the steps with; None: run its coding profile first.
     pipeline_report: Optional[str] = None
@@ -98,9 +98,8 @@ class LearnBenchConfig:
     out_dir: Optional[str] = None
     ray_address: Optional[str] = None
 
-    def engine(self, mode: str) -> str:
-        if mode == "in_flight_pipeline":
-            return "hf"
+    @property
+    def engine(self) -> str:
         return self.rollout or ("vllm" if importlib.util.find_spec("vllm") is not None else "hf")
 
     def validate(self) -> None:
@@ -134,7 +133,7 @@ def _quickstart_config(cfg: LearnBenchConfig, mode: str, run_dir: str, address: 
         max_response_length=cfg.max_response_length,
         temperature=cfg.temperature,
         lr=cfg.lr,
-        rollout=cfg.engine(mode),
+        rollout=cfg.engine,
         # The task's own order, as the demo reads it: every batch holds each family (shuffled batches of 8 miss
         # some, and sync's rise was then +14 to +18 points in two runs, against the demo's +22 in 5 steps).
         shuffle=FUNCTIONS.shuffle,
@@ -229,16 +228,15 @@ def run_learn_bench(cfg: LearnBenchConfig, progress: Callable[[str], None] = pri
                 f"{[MODE_SCHEDULES[m] for m in unpriced]}): run `verl-pipe bench pipeline --profiles coding` with "
                 "them, or leave out --pipeline-report"
             )
-        before: dict[str, Validation] = {}  # per engine: the untrained model's greedy answers
+        before: Optional[Validation] = None  # the untrained model's greedy answers
         for index, mode in enumerate(modes, 1):
-            engine = cfg.engine(mode)
-            progress(f"[{index}/{len(modes)}] {mode} ({engine} rollout, {cfg.steps} steps; "
+            progress(f"[{index}/{len(modes)}] {mode} ({cfg.engine} rollout, {cfg.steps} steps; "
                      f"{time.time() - started:.0f} s so far)")  # fmt: skip
-            run = train_mode(cfg, mode, out_dir, address, validate_first=engine not in before)
-            if engine not in before:
-                before[engine] = run.validations[0]
-            else:  # the same weights and the same greedy decoding: one validation serves every run of this engine
-                run.validations.insert(0, before[engine])
+            run = train_mode(cfg, mode, out_dir, address, validate_first=before is None)
+            if before is None:
+                before = run.validations[0]
+            else:  # the same weights and the same greedy decoding: one validation serves every mode
+                run.validations.insert(0, before)
             run.cluster_s_per_step = seconds[mode]
             runs.append(run)
             summary = ", ".join(f"step {v.step}: {100 * v.accuracy:.1f}%" for v in run.validations)
