@@ -101,3 +101,74 @@ def test_verls_partial_rollout_pause_is_scaled_with_the_model(monkeypatch):
     started = time.monotonic()
     asyncio.run(llm_server.asyncio.sleep(0.3))
     assert time.monotonic() - started >= 0.29  # no model: verl's own pause
+
+
+
+def _sync_calls(patch, model: LatencyModel) -> dict:
+    """verl's three ways of calling a ``@auto_await`` ``update_weights``, on a class patched by ``patch``: what each
+    returned (or the TypeError it raised) and how long it took."""
+    import asyncio
+    import time
+
+    from verl.utils.ray_utils import auto_await
+
+    class Manager:
+        @auto_await
+        async def update_weights(self, global_steps=None):
+            await asyncio.sleep(0)
+            return {"synced": global_steps}
+
+    Manager.update_weights = patch(Manager.__dict__["update_weights"])
+
+    class Overriding(Manager):  # in_flight_pipeline's manager does this
+        @auto_await
+        async def update_weights(self, global_steps=None):
+            return await super().update_weights(global_steps)
+
+    async def awaited(manager):
+        return await manager.update_weights(3)
+
+    calls = {
+        "outside a loop": lambda: Manager().update_weights(1),
+        "awaited": lambda: asyncio.run(awaited(Manager())),
+        "awaited by an override": lambda: Overriding().update_weights(2),
+    }
+    results = {}
+    for name, call in calls.items():
+        started = time.monotonic()
+        try:
+            results[name] = call()
+        except TypeError as error:  # "object dict can't be used in 'await' expression"
+            results[name] = error
+        results[name + " s"] = time.monotonic() - started
+    return results
+
+
+def test_the_sync_time_patch_keeps_verls_calling_conventions(monkeypatch):
+    """verl's ``update_weights`` is ``@auto_await``: run to completion when called outside an event loop, a coroutine
+    when awaited. The patched method serves all three of verl's callers, in_flight_pipeline's override included,
+    and each call lasts the modelled ``sync_s``."""
+    from verl_pipe.bench.latency_hooks import padded_update_weights
+
+    model = LatencyModel(time_scale=0.05, sync_s=2.0)
+    monkeypatch.setenv(LATENCY_MODEL_ENV, model.to_json())
+    results = _sync_calls(padded_update_weights, model)
+    expected = {"outside a loop": {"synced": 1}, "awaited": {"synced": 3}, "awaited by an override": {"synced": 2}}
+    for name, value in expected.items():
+        assert results[name] == value, results
+        assert results[name + " s"] >= 0.95 * model.wall(model.sync_s), results  # 2 modelled seconds: 0.1 s
+
+
+def test_negative_control_a_plain_wrapper_breaks_the_awaiting_override(monkeypatch):
+    """The shape the patch had before: a plain function around verl's method. verl's decorator then sees a non-async
+    caller and hands the override a finished dict to await (``make bench``'s in_flight_pipeline failed so)."""
+
+    def plain(original):
+        def update_weights(self, *args, **kwargs):
+            return original(self, *args, **kwargs)
+
+        return update_weights
+
+    results = _sync_calls(plain, LatencyModel(time_scale=0.05, sync_s=2.0))
+    assert results["outside a loop"] == {"synced": 1}
+    assert isinstance(results["awaited by an override"], TypeError), results

@@ -176,29 +176,34 @@ def _patch_update_weights() -> None:
     original = module.CheckpointEngineManager.update_weights
     if is_patched(original):
         return
+    module.CheckpointEngineManager.update_weights = padded_update_weights(original)
 
-    # verl's method is @auto_await: awaited inside an event loop, run to completion outside one.
+
+def padded_update_weights(original):
+    """``original`` (verl's ``@auto_await`` sync) made to last the model's ``sync_s``, and still ``@auto_await``.
+
+    verl's decorator decides from its *caller's* frame whether to hand back a coroutine: a plain wrapper would be that
+    caller, so an override that awaits ``super().update_weights()`` (in_flight_pipeline's manager does) would get
+    the finished result instead of a coroutine. This wrapper is a coroutine function under the same decorator, so it
+    is run or awaited exactly as verl's method is, and it awaits the original from async code.
+    """
+    from verl.utils.ray_utils import auto_await
+
     @mark_patched(original)
     @functools.wraps(original)
-    def update_weights(self, *args, **kwargs):
+    @auto_await
+    async def update_weights(self, *args, **kwargs):
         fired("latency_model_sync_time")
         model = active_model()
         started = time.monotonic()
         result = original(self, *args, **kwargs)
-        if model is None:
-            return result
         if inspect.isawaitable(result):
-
-            async def padded():
-                value = await result
-                await asyncio.sleep(max(0.0, started + model.wall(model.sync_s) - time.monotonic()))
-                return value
-
-            return padded()
-        _pad_until(started, model.sync_s, model)
+            result = await result
+        if model is not None:
+            await asyncio.sleep(max(0.0, started + model.wall(model.sync_s) - time.monotonic()))
         return result
 
-    module.CheckpointEngineManager.update_weights = update_weights
+    return update_weights
 
 
 _LLM_SERVER = "verl.workers.rollout.llm_server"
