@@ -87,8 +87,8 @@ bench: $(call deps_for,$(BENCH_ROLLOUT))
 # Does every trainer mode learn, and how soon on the simulated cluster's clock (issue 19): SmolLM2 with GRPO+ on the
 # generated function problems, greedy validation on 120 unseen ones, each mode for the same samples; the steps are
 # priced by a run of `bench pipeline` (coding profile; ARGS="--pipeline-report runs/bench_pipeline.json" reuses
-# `make bench`'s). 93-97 min on 2 cores (two runs); vLLM rollouts by default (in_flight_pipeline runs with hf).
-# LEARN_ROLLOUT=hf needs no .venv-vllm.
+# `make bench`'s). 88.6 min on 2 cores with vLLM rollouts, the default for every mode (93-97 min when in_flight_pipeline
+# ran on hf). LEARN_ROLLOUT=hf needs no .venv-vllm (and takes longer: hf validations are 3-4x slower).
 LEARN_ROLLOUT ?= vllm
 bench-learn: $(call deps_for,$(LEARN_ROLLOUT))
 	$(call bin_for,$(LEARN_ROLLOUT))/verl-pipe bench learn --rollout $(LEARN_ROLLOUT) $(ARGS)

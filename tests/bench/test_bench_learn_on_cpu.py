@@ -1,6 +1,7 @@
 """``verl-pipe bench learn``: its statistics and arithmetic on hand-made records in verl's own log format, the
 report and picture it writes, and its config errors. (The runs themselves are verl's trainer through the
-quickstart, which the end-to-end tests cover; a full bench took 93-97 minutes and is `make bench-learn`.)"""
+quickstart, which the end-to-end tests cover; a full bench, on vLLM rollouts, took 88.6 minutes and is
+`make bench-learn`.)"""
 
 from __future__ import annotations
 

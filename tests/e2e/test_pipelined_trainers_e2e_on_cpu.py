@@ -11,6 +11,7 @@ x 2 samples. What is checked, from each run's own records (verl's metrics and th
   weights at the last sync *and* pi_old stayed frozen while the first minibatch updated the live weights;
 * both: prompts consumed = steps x batch, none twice; each sync moved the served policy (probe sequence);
 * the run's timeline (chrome trace) shows the sampler generating while the trainer trains, and renders as a PNG;
+* validation decodes with the waiting trainer's cores lent to the hf server, training batches without them;
 * the sample filters drop uniform-reward groups and sandbox failures before any forward pass, and a step left
   with nothing to train skips its update (the served policy does not move at that sync);
 * a run killed after step 2 and resumed trains exactly the prompts of an uninterrupted run;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,8 +108,11 @@ def one_off_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, tai
         "one_off_pipeline",
         f"trainer.test_freq={STEPS}",  # validation on the sampler pool after the last update
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_WEIGHT_SYNC_PROBE={probe}",
+        # the hf server logs each batch it decodes, with its torch thread count
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=INFO",
     )
-    rc, steps, log = verl_runner(overrides, run_dir, timeout=900)
+    # every batch line reaches the log (Ray folds lines that differ only in their numbers)
+    rc, steps, log = verl_runner(overrides, run_dir, timeout=900, extra_env={"RAY_DEDUP_LOGS": "0"})
     assert rc == 0, tail_of(log)
     return run_dir, _step_metrics(steps), probe, log
 
@@ -160,6 +165,20 @@ def test_one_off_timeline_shows_generation_overlapping_training(one_off_run):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert os.path.getsize(png) > 10_000
+
+
+def test_validation_decodes_with_the_waiting_trainers_cores(one_off_run, tail_of):
+    """verl validates on the sampler pool while the trainer pool waits; the trainer lends its ranks' torch threads to
+    the hf server for that time (``PipelinedTrainer._lend_trainer_cores``) and takes them back after. Every training
+    batch decodes with the server's own threads, the validation's requests with more."""
+    log = one_off_run[3]
+    pattern = r"hf rollout 0: batch of (\d+) requests, \d+ tokens, (\d+) threads"
+    batches = [(int(requests), int(threads)) for requests, threads in re.findall(pattern, open(log).read())]
+    assert len(batches) >= STEPS, tail_of(log)
+    own = batches[0][1]  # the first batch is step 1's, generated before any validation
+    lent = [(requests, threads) for requests, threads in batches if threads != own]
+    # the validation set's 10 prompts, greedy, one sample each: they, and only they, decoded with lent threads
+    assert sum(requests for requests, _ in lent) == 10 and all(threads > own for _, threads in lent), batches
 
 
 def test_minibatch_pipeline_freezes_pi_old_and_syncs(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of):

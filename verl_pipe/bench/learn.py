@@ -74,10 +74,10 @@ def cluster_step_seconds(pipeline_report: dict[str, Any], profile: str = "coding
 @dataclass
 class LearnBenchConfig:
     modes: tuple[str, ...] = tuple(MODE_SCHEDULES)
-    # 6 steps of 8x4 samples: every mode rose 14-24 points in the three runs measured (sync: 30.8% -> 48.3%, 45.0%
-    # with shuffled batches, 50.8% in the task's order); the whole bench (five modes, validations at 0, 3 and 6, the
-    # pricing run) took 93-97 minutes on 2 cores, in_flight_pipeline's hf run the excess over the 90-minute budget
-    # (docs/learning.md).
+    # 6 steps of 8x4 samples: every mode rose 14-24 points in the four runs measured (sync: 30.8% -> 48.3%, 45.0%
+    # with shuffled batches, 50.8% and 51.7% in the task's order); the whole bench (five modes, validations at 0, 3
+    # and 6, the pricing run) took 88.6 minutes on 2 cores with vLLM rollouts (93-97 with in_flight_pipeline on hf;
+    # docs/learning.md).
     steps: int = 6
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
