@@ -107,7 +107,7 @@ def test_one_off_beats_the_reward_after_generation_baseline(tmp_path, ray_cluste
     clear of 1 (the full benchmark and its targets are `make bench`)."""
     out = tmp_path / "bench.json"
     argv = [os.path.join(os.path.dirname(sys.executable), "verl-pipe"), "bench", "pipeline", "--profiles", "coding",
-            "--schedules", "verl_sync_reward_after,one_off_pipeline", "--steps", "2", "--unit-s", "3",
+            "--schedules", "verl_sync_reward_after,one_off_pipeline", "--steps", "1", "--unit-s", "3",
             "--out-dir", str(tmp_path / "runs"), "--out", str(out), "--ray-address", ray_cluster]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

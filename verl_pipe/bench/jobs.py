@@ -20,7 +20,7 @@ from typing import Iterator
 
 
 @contextlib.contextmanager
-def local_ray_head(num_cpus: int = 16, start_timeout_s: float = 180.0) -> Iterator[str]:
+def local_ray_head(num_cpus: int = 16, start_timeout_s: float = 180.0, stop_grace_s: float = 5.0) -> Iterator[str]:
     """Start a head with verl-pipe's CPU platform in every worker's environment; yields its address."""
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     # Recent Ray enables token auth for new local clusters once ~/.ray/auth_token exists; this loopback-only
@@ -53,9 +53,11 @@ def local_ray_head(num_cpus: int = 16, start_timeout_s: float = 180.0) -> Iterat
             address = fh.read().strip()
         yield address
     finally:
+        # `ray start --block` takes ~33 s to stop gracefully; everything it started (GCS, raylet, workers) is in its
+        # process group, so after a short grace the group goes at once.
         os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(timeout=60)
+            head.wait(timeout=stop_grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
