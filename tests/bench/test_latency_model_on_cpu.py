@@ -104,7 +104,7 @@ def test_verls_partial_rollout_pause_is_scaled_with_the_model(monkeypatch):
 
 
 
-def _sync_calls(patch, model: LatencyModel) -> dict:
+def _sync_calls(patch) -> dict:
     """verl's three ways of calling a ``@auto_await`` ``update_weights``, on a class patched by ``patch``: what each
     returned (or the TypeError it raised) and how long it took."""
     import asyncio
@@ -152,14 +152,14 @@ def test_the_sync_time_patch_keeps_verls_calling_conventions(monkeypatch):
 
     model = LatencyModel(time_scale=0.05, sync_s=2.0)
     monkeypatch.setenv(LATENCY_MODEL_ENV, model.to_json())
-    results = _sync_calls(padded_update_weights, model)
+    results = _sync_calls(padded_update_weights)
     expected = {"outside a loop": {"synced": 1}, "awaited": {"synced": 3}, "awaited by an override": {"synced": 2}}
     for name, value in expected.items():
         assert results[name] == value, results
         assert results[name + " s"] >= 0.95 * model.wall(model.sync_s), results  # 2 modelled seconds: 0.1 s
 
 
-def test_negative_control_a_plain_wrapper_breaks_the_awaiting_override(monkeypatch):
+def test_negative_control_a_plain_wrapper_breaks_the_awaiting_override():
     """The shape the patch had before: a plain function around verl's method. verl's decorator then sees a non-async
     caller and hands the override a finished dict to await (``make bench``'s in_flight_pipeline failed so)."""
 
@@ -169,6 +169,6 @@ def test_negative_control_a_plain_wrapper_breaks_the_awaiting_override(monkeypat
 
         return update_weights
 
-    results = _sync_calls(plain, LatencyModel(time_scale=0.05, sync_s=2.0))
+    results = _sync_calls(plain)
     assert results["outside a loop"] == {"synced": 1}
     assert isinstance(results["awaited by an override"], TypeError), results
