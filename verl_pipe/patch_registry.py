@@ -281,6 +281,18 @@ PATCHES: tuple[VerlPatch, ...] = (
         consequence="the benchmark would time weight syncs at CPU speed, not the modelled cluster's",
     ),
     VerlPatch(
+        name="latency_model_sync_holds_the_gate",
+        target="verl.checkpoint_engine.base:CheckpointEngineManager.resume_generation_replicas",
+        fingerprint="r.resume_generation() for r in self.replicas",
+        why="benchmark only: verl's sync opens the rollout servers' gate right after its transfer, which takes "
+        "milliseconds on CPU; the modelled transfer must hold the gate as the real one would",
+        upstream="none needed (benchmark instrumentation)",
+        apply=f"{_LATENCY}:_patch_resume_generation",
+        when="latency model",
+        critical_when="latency model",
+        consequence="requests a sync aborts (verl's separate_async) would decode through the modelled transfer",
+    ),
+    VerlPatch(
         name="latency_model_partial_rollout_pause",
         target="verl.workers.rollout.llm_server:FullyAsyncLLMServerClient.generate",
         fingerprint="await asyncio.sleep(1)",

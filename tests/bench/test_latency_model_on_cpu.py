@@ -76,7 +76,7 @@ def test_calibration_follows_the_profile_shares(profile):
 
 def test_trainer_side_patches_still_match_verl():
     patches = [patch for patch in PATCHES if patch.when == "latency model"]
-    assert len(patches) == 7 and all(patch.critical for patch in patches)
+    assert len(patches) == 8 and all(patch.critical for patch in patches)
     for patch in patches:
         assert patch.matches(), patch.name
 
@@ -172,3 +172,77 @@ def test_negative_control_a_plain_wrapper_breaks_the_awaiting_override():
     results = _sync_calls(plain)
     assert results["outside a loop"] == {"synced": 1}
     assert isinstance(results["awaited by an override"], TypeError), results
+
+
+def _aborting_sync_timeline(patch_sync, patch_resume) -> dict:
+    """verl's sync as its manager runs it (abort and park, transfer, open the gate) on a class patched like verl's:
+    when, after the call began, the gate opened and the call returned."""
+    import asyncio
+    import inspect
+    import time
+
+    from verl.checkpoint_engine.base import CheckpointEngineManager
+    from verl.utils.ray_utils import auto_await
+
+    # The order this mimics is verl's own: abort first, the transfer, the gate's opening last.
+    source = inspect.getsource(CheckpointEngineManager.update_weights)
+    assert source.index("abort_replicas()") < source.index("build_process_group") < source.index(
+        "resume_generation_replicas()"
+    )
+    events = {}
+
+    class Manager:
+        @auto_await
+        async def update_weights(self, global_steps=None):
+            events["aborted"] = time.monotonic()
+            await asyncio.sleep(0.005)  # the CPU transfer: milliseconds
+            await self.resume_generation_replicas()
+            return {"synced": global_steps}
+
+        @auto_await
+        async def resume_generation_replicas(self):
+            events.setdefault("gate opened", time.monotonic())  # the sync's opening, not the standalone one
+
+    Manager.update_weights = patch_sync(Manager.__dict__["update_weights"])
+    if patch_resume is not None:
+        Manager.resume_generation_replicas = patch_resume(Manager.__dict__["resume_generation_replicas"])
+    manager = Manager()
+    started = time.monotonic()
+    assert manager.update_weights(4) == {"synced": 4}
+    returned = time.monotonic()
+    # outside a sync, the gate opens at once (verl also resumes generation after validation-time aborts)
+    events["standalone resume s"] = -time.monotonic()
+    manager.resume_generation_replicas()
+    events["standalone resume s"] += time.monotonic()
+    return {
+        "gate opened s": events["gate opened"] - started,
+        "returned s": returned - started,
+        "standalone resume s": events["standalone resume s"],
+    }
+
+
+def test_an_aborting_sync_keeps_the_gate_closed_for_the_modelled_transfer(monkeypatch):
+    """verl's sync aborts the running requests and parks new ones until its transfer is done. The modelled transfer
+    (``sync_s``) must hold that gate: requests the sync cut resume only after it, as on the cluster, and the call
+    still lasts ``sync_s`` in all (the pad is not paid twice)."""
+    from verl_pipe.bench.latency_hooks import gated_resume_generation, padded_update_weights
+
+    model = LatencyModel(time_scale=0.05, sync_s=4.0)  # 0.2 wall seconds
+    monkeypatch.setenv(LATENCY_MODEL_ENV, model.to_json())
+    timeline = _aborting_sync_timeline(padded_update_weights, gated_resume_generation)
+    sync_wall = model.wall(model.sync_s)
+    assert timeline["gate opened s"] >= 0.95 * sync_wall, timeline
+    assert timeline["returned s"] < 1.5 * sync_wall, timeline
+    assert timeline["standalone resume s"] < 0.05, timeline
+
+
+def test_negative_control_padding_after_the_sync_lets_aborted_requests_decode_through_it(monkeypatch):
+    """Without the gate patch (the benchmark before 2026-11-26): the call lasts ``sync_s``, but the gate opened
+    milliseconds in, so verl's separate_async decoded through every modelled transfer."""
+    from verl_pipe.bench.latency_hooks import padded_update_weights
+
+    model = LatencyModel(time_scale=0.05, sync_s=4.0)
+    monkeypatch.setenv(LATENCY_MODEL_ENV, model.to_json())
+    timeline = _aborting_sync_timeline(padded_update_weights, None)
+    assert timeline["returned s"] >= 0.95 * model.wall(model.sync_s), timeline
+    assert timeline["gate opened s"] < 0.5 * model.wall(model.sync_s), timeline

@@ -8,6 +8,10 @@ schedules, not implementations:
 * ``PPOTrainer._update_actor``: the update (and the log-prob passes folded into it) lasts
   ``train_s_per_ktoken`` per thousand modelled response tokens of the samples it trains;
 * ``CheckpointEngineManager.update_weights``: a weight sync lasts ``sync_s``;
+* ``CheckpointEngineManager.resume_generation_replicas``: ... and the rollout servers' gate, which verl's sync closes
+  (it aborts the running requests and parks new ones) and opens after the transfer, stays closed for that
+  ``sync_s``, as the transfer would hold it on the cluster. Padding only after verl's (fast, CPU) sync returned
+  let the requests it aborted resume at once and decode through the modelled transfer;
 * ``PPOTrainer._balance_batch`` (right after a batch leaves the sampler): with ``reward_after_generation`` the
   batch's reward time is spent here, on the trainer's critical path;
 * ``PPOTrainer._build_replay_buffer``: verl's 2 s TransferQueue poll is scaled like every other time;
@@ -185,7 +189,8 @@ def padded_update_weights(original):
     verl's decorator decides from its *caller's* frame whether to hand back a coroutine: a plain wrapper would be that
     caller, so an override that awaits ``super().update_weights()`` (in_flight_pipeline's manager does) would get
     the finished result instead of a coroutine. This wrapper is a coroutine function under the same decorator, so it
-    is run or awaited exactly as verl's method is, and it awaits the original from async code.
+    is run or awaited exactly as verl's method is, and it awaits the original from async code. While it runs, the
+    manager carries the modelled transfer's end, for :func:`gated_resume_generation`.
     """
     from verl.utils.ray_utils import auto_await
 
@@ -195,15 +200,56 @@ def padded_update_weights(original):
     async def update_weights(self, *args, **kwargs):
         fired("latency_model_sync_time")
         model = active_model()
-        started = time.monotonic()
-        result = original(self, *args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        if model is not None:
-            await asyncio.sleep(max(0.0, started + model.wall(model.sync_s) - time.monotonic()))
+        ends = time.monotonic() + (model.wall(model.sync_s) if model is not None else 0.0)
+        self.__dict__[_SYNC_ENDS] = ends
+        try:
+            result = original(self, *args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        finally:
+            self.__dict__.pop(_SYNC_ENDS, None)
+        await asyncio.sleep(max(0.0, ends - time.monotonic()))
         return result
 
     return update_weights
+
+
+def gated_resume_generation(original):
+    """``original`` (verl's ``@auto_await`` resume after a sync) held until the modelled transfer has ended.
+
+    verl's sync aborts every running request and parks new ones behind the servers' gate, transfers, then opens the
+    gate: on the cluster nothing decodes for the transfer's whole duration. The CPU transfer takes milliseconds, so
+    without this the aborted requests would resume at once and decode through the modelled ``sync_s`` for free (an
+    in-flight load, which aborts nothing, stalls its modelled replica for ``sync_s`` instead). Called outside a
+    padded sync (no transfer end on the manager), it resumes at once.
+    """
+    from verl.utils.ray_utils import auto_await
+
+    @mark_patched(original)
+    @functools.wraps(original)
+    @auto_await
+    async def resume_generation_replicas(self, *args, **kwargs):
+        fired("latency_model_sync_holds_the_gate")
+        ends = self.__dict__.get(_SYNC_ENDS)
+        if ends is not None:
+            await asyncio.sleep(max(0.0, ends - time.monotonic()))
+        result = original(self, *args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    return resume_generation_replicas
+
+
+def _patch_resume_generation() -> None:
+    module = __import__(_CHECKPOINT, fromlist=["CheckpointEngineManager"])
+    original = module.CheckpointEngineManager.resume_generation_replicas
+    if is_patched(original):
+        return
+    module.CheckpointEngineManager.resume_generation_replicas = gated_resume_generation(original)
+
+
+_SYNC_ENDS = "_verl_pipe_modelled_sync_ends"  # on a checkpoint manager during a padded sync: its monotonic end
 
 
 _LLM_SERVER = "verl.workers.rollout.llm_server"

@@ -325,8 +325,9 @@ class ModelledReplica:
 
         ``in_flight``: the weights load between two decode steps and nothing is aborted: the replica stalls for
         ``sync_s`` (the transfer holds the engine), then each running request decodes the rest under ``version``.
-        Otherwise an aborting sync already cut the running requests (verl aborts before it loads; its ``sync_s``
-        is on the trainer's side, and new requests wait for it there), and each resumes under ``version``.
+        Otherwise an aborting sync already cut the running requests (verl aborts before it loads, and parks every
+        request, new or resubmitted, behind the servers' gate until the modelled ``sync_s`` has passed: the
+        trainer-side patch ``latency_model_sync_holds_the_gate``), and each resumes under ``version``.
         Either way, requests still waiting to be admitted have decoded nothing yet and start under it.
         """
         if in_flight:
