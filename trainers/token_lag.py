@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+# The benchmark rollout server's extra field of (modelled tokens, version) runs (verl_pipe.bench.replica_model).
+MODELLED_RUNS_KEY = "modelled_token_versions"
+
 
 @dataclass
 class SampleVersions:
@@ -19,11 +22,23 @@ class SampleVersions:
     token_versions: Optional[Sequence[int]] = None  # one per response token, when they differ
     # How many tokens each one stands for (the benchmark's real tokens carry modelled responses of other lengths).
     weight_per_token: float = 1.0
+    # The benchmark's own account, when its rollout server gave one: (modelled tokens, version) runs. It replaces
+    # the real tokens' versions, whose shares drift from the modelled ones when a sync cuts a request (verl
+    # resumes it with a fresh real generation of any length).
+    modelled_runs: Optional[Sequence[tuple[float, int]]] = None
 
     def versions(self) -> list[int]:
+        if self.modelled_runs:
+            return [int(version) for _, version in self.modelled_runs]
         if self.token_versions:
             return [int(v) for v in self.token_versions[: self.response_len]]
         return [int(self.version)] * self.response_len
+
+    def weighted_versions(self) -> list[tuple[int, float]]:
+        """(version, weight) of every token, or of every modelled run."""
+        if self.modelled_runs:
+            return [(int(version), float(count)) for count, version in self.modelled_runs]
+        return [(version, self.weight_per_token) for version in self.versions()]
 
 
 def sample_versions(
@@ -36,12 +51,13 @@ def sample_versions(
     weight = 1.0
     if modelled and extra.get("modelled_response_tokens") is not None and length > 0:
         weight = float(extra["modelled_response_tokens"]) / length
-    return SampleVersions(length, int(tag["max_global_steps"]), extra.get("token_versions"), weight)
+    runs = [(float(count), int(version)) for count, version in extra.get(MODELLED_RUNS_KEY) or []] if modelled else []
+    return SampleVersions(length, int(tag["max_global_steps"]), extra.get("token_versions"), weight, runs or None)
 
 
 def token_lag_metrics(samples: Sequence[SampleVersions], trainer_version: int, prefix: str) -> dict[str, float]:
     """Token-weighted mean lag, max lag, and the share of samples whose tokens span more than one version."""
-    lags = [(trainer_version - v, s.weight_per_token) for s in samples for v in s.versions()]
+    lags = [(trainer_version - v, weight) for s in samples for v, weight in s.weighted_versions()]
     spanning = [len(set(s.versions())) > 1 for s in samples]
     weight = sum(w for _, w in lags)
     if not lags or weight <= 0:

@@ -293,7 +293,8 @@ def test_an_in_flight_load_stalls_the_replica_and_the_rest_of_each_request_decod
     answer, extra, end_s = results["in_flight"]
     unloaded_end_s = results["unloaded"][2]
     assert results["unloaded"][1] == {"global_steps": 3, "min_global_steps": 3, "max_global_steps": 3,
-                                      "modelled_response_tokens": 1000}  # fmt: skip
+                                      "modelled_response_tokens": 1000,
+                                      "modelled_token_versions": [[pytest.approx(1000), 3]]}  # fmt: skip
     # the answer is whole, and ends later by the load's stall (sync_s, scaled)
     assert answer.stop_reason == "completed" and answer.token_ids == _REAL
     assert end_s - unloaded_end_s == pytest.approx(model.wall(model.sync_s), abs=0.06)
@@ -304,6 +305,10 @@ def test_an_in_flight_load_stalls_the_replica_and_the_rest_of_each_request_decod
     assert old == pytest.approx(share * len(_REAL), abs=1.5) and 0 < old < len(_REAL)
     assert (extra["min_global_steps"], extra["max_global_steps"], extra["global_steps"]) == (3, 4, 4)
     assert extra["modelled_response_tokens"] == 1000
+    # and the modelled tokens themselves, which the benchmark's token lag weighs: the load's share under 3
+    (old_tokens, old_version), (new_tokens, new_version) = extra["modelled_token_versions"]
+    assert (old_version, new_version) == (3, 4) and old_tokens + new_tokens == pytest.approx(1000)
+    assert old_tokens == pytest.approx(share * 1000, abs=15)
     # the waiting request starts under the new version, after the first request (the stall included)
     answer, extra, waiting_end_s = waiting
     assert answer.token_ids == _REAL and "token_versions" not in extra
@@ -332,11 +337,17 @@ def test_after_an_aborting_sync_the_resumed_piece_is_tagged_with_the_new_version
 
     cut, cut_extra, rest, rest_extra = asyncio.run(scenario())
     assert cut.stop_reason == "aborted" and 0 < len(cut.token_ids) < len(_REAL)
+    (before, three), = cut_extra.pop("modelled_token_versions")
     assert cut_extra == {"global_steps": 3, "min_global_steps": 3, "max_global_steps": 3,
                          "modelled_response_tokens": 1000}  # fmt: skip
     assert cut.token_ids + rest.token_ids == _REAL
+    (after, four), = rest_extra.pop("modelled_token_versions")
     assert rest_extra == {"global_steps": 4, "min_global_steps": 4, "max_global_steps": 4,
                           "modelled_response_tokens": 1000}  # fmt: skip
+    # the modelled tokens of the two pieces: what the replica had decoded at the abort under 3, the rest under 4,
+    # whatever the real tokens' split (the benchmark's token lag weighs these)
+    assert (three, four) == (3, 4) and before + after == pytest.approx(1000)
+    assert before == pytest.approx((_LOAD_AT_S - 0.05) * model.decode_tokens_per_s, rel=0.1)  # 400 of 1000
 
 
 def test_an_in_flight_loads_stall_is_cut_out_of_the_busy_spans(tmp_path):

@@ -195,6 +195,20 @@ def test_token_lag_weighs_tokens_not_samples():
     assert token_lag_metrics([heavy, light], 5, "x")["x/token_lag/mean"] == pytest.approx(2 * 100 / 101)
 
 
+def test_the_benchmarks_token_lag_weighs_the_modelled_tokens_of_each_version():
+    """A sync cut this sample after 600 of its 1000 modelled tokens, and verl resumed it with a fresh real generation
+    of 3 tokens after 1 kept: by its real tokens only a quarter is a version old, by its modelled ones 60%."""
+    tag = {"response_len": 4, "max_global_steps": 4}
+    extra = {"modelled_response_tokens": 1000, "token_versions": [3, 4, 4, 4],
+             "modelled_token_versions": [[600.0, 3], [400.0, 4]]}  # fmt: skip
+    modelled = token_lag_metrics([sample_versions(tag, extra, modelled=True)], trainer_version=4, prefix="x")
+    assert modelled["x/token_lag/mean"] == pytest.approx(0.6)
+    assert modelled["x/token_lag/max"] == 1 and modelled["x/spanning_samples_share"] == 1.0
+    # the control: the real tokens' account, which the trainer's own in_flight/ metric keeps (modelled=False)
+    real = token_lag_metrics([sample_versions(tag, extra)], trainer_version=4, prefix="x")
+    assert real["x/token_lag/mean"] == pytest.approx(0.25)
+
+
 # --- the sync that aborts nothing ----------------------------------------------------------------------------------
 
 

@@ -8,10 +8,10 @@ schedules, not implementations:
 * ``PPOTrainer._update_actor``: the update (and the log-prob passes folded into it) lasts
   ``train_s_per_ktoken`` per thousand modelled response tokens of the samples it trains;
 * ``CheckpointEngineManager.update_weights``: a weight sync lasts ``sync_s``;
-* ``CheckpointEngineManager.resume_generation_replicas``: ... and the rollout servers' gate, which verl's sync closes
-  (it aborts the running requests and parks new ones) and opens after the transfer, stays closed for that
-  ``sync_s``, as the transfer would hold it on the cluster. Padding only after verl's (fast, CPU) sync returned
-  let the requests it aborted resume at once and decode through the modelled transfer;
+* ``CheckpointEngineManager.resume_generation_replicas``: the rollout servers' gate, which verl's sync closes (it
+  aborts the running requests and parks new ones) and opens after the transfer, stays closed until that
+  ``sync_s`` has passed, as the transfer would hold it on the cluster (padding only after verl's millisecond CPU
+  sync had returned let the requests it aborted resume at once and decode through the modelled transfer);
 * ``PPOTrainer._balance_batch`` (right after a batch leaves the sampler): with ``reward_after_generation`` the
   batch's reward time is spent here, on the trainer's critical path;
 * ``PPOTrainer._build_replay_buffer``: verl's 2 s TransferQueue poll is scaled like every other time;
@@ -23,8 +23,8 @@ schedules, not implementations:
 * ``FullyAsyncLLMServerClient.generate`` again: the client of every separate-pool mode rebuilds each answer's
   extra fields from its version tags alone, dropping the modelled length the server reported, so the update of
   those modes would be timed on the median length instead of the real draw; the length is carried over, and so
-  is the version of each token of an answer a sync cut and resumed (the token lag every schedule reports,
-  ``bench/token_lag/*``, is computed from them at each update).
+  is the version of each token of an answer a sync cut and resumed, and the modelled tokens each piece decoded
+  under each version (the token lag every schedule reports, ``bench/token_lag/*``, weighs versions by those).
 
 They are installed only in a process whose environment switches the model on (``VERL_PIPE_LATENCY_MODEL``), so a
 normal run is untouched; in a benchmark run they are correctness-critical (a run without them would time the
@@ -39,11 +39,11 @@ import inspect
 import math
 import time
 import types
-from typing import Any
+from typing import Any, Optional
 
 from verl_pipe.bench.latency import LatencyModel, active_model
 from verl_pipe.patching import fired, is_patched, mark_patched
-from verl_pipe.trainers.token_lag import sample_versions, token_lag_metrics
+from verl_pipe.trainers.token_lag import MODELLED_RUNS_KEY, sample_versions, token_lag_metrics
 
 _TRAINER = "verl.trainer.ppo.v1.trainer_base"
 _CHECKPOINT = "verl.checkpoint_engine.base"
@@ -292,6 +292,8 @@ def _patch_keep_modelled_length() -> None:
     reported: dict[tuple[int, Any], int] = {}
     # (client, request_id) -> the version of each token of every piece so far
     versions: dict[tuple[int, Any], list] = {}
+    # (client, request_id) -> the modelled [count, version] runs of every piece so far (None: a piece had none)
+    runs: dict[tuple[int, Any], Optional[list]] = {}
 
     @mark_patched(base_generate)
     @functools.wraps(base_generate)
@@ -302,6 +304,10 @@ def _patch_keep_modelled_length() -> None:
             reported[(id(self), request_id)] = fields[_MODELLED_KEY]
             piece = fields.get("token_versions") or [fields.get("global_steps")] * len(output.token_ids)
             versions.setdefault((id(self), request_id), []).extend(piece)
+            so_far = runs.setdefault((id(self), request_id), [])
+            runs[(id(self), request_id)] = None if so_far is None or MODELLED_RUNS_KEY not in fields else (
+                so_far + list(fields[MODELLED_RUNS_KEY])
+            )
         return output
 
     @mark_patched(full_generate)
@@ -312,12 +318,15 @@ def _patch_keep_modelled_length() -> None:
         finally:
             tokens = reported.pop((id(self), request_id), None)
             token_versions = versions.pop((id(self), request_id), [])
+            modelled_runs = runs.pop((id(self), request_id), None)
         if tokens is not None and active_model() is not None:
             fired("latency_model_keeps_modelled_length")
             output.extra_fields.setdefault(_MODELLED_KEY, tokens)
             known = [v for v in token_versions if v is not None]
             if len(known) == len(token_versions) and len(set(known)) > 1:  # a sync cut it: keep each token's version
                 output.extra_fields.setdefault("token_versions", known)
+            if modelled_runs:  # and the modelled tokens of every piece, which the bench's token lag weighs
+                output.extra_fields[MODELLED_RUNS_KEY] = modelled_runs
         return output
 
     base.generate = generate_piece

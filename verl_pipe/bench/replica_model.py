@@ -38,6 +38,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Sequence, TypeVar
 
+from verl_pipe.trainers.token_lag import MODELLED_RUNS_KEY
+
 if TYPE_CHECKING:
     from verl_pipe.bench.latency import LatencyModel
 
@@ -296,7 +298,7 @@ class ModelledReplica:
             if aborted(answer):  # the server's own generation was cut (real tokens so far): resume from there
                 self._catch_up()
                 self._resumable.setdefault(key + tuple(cut_token_ids(answer)), []).append(request)
-                return answer, {}
+                return answer, {MODELLED_RUNS_KEY: modelled_segments(request, resumed_from, request.decoded)}
             ended_normally = await ended
         finally:
             self._waiters.pop(id(request), None)
@@ -374,7 +376,24 @@ def _version_tags(request: ModelledRequest, start: float, end: float, tokens: in
     tags: dict[str, Any] = {"global_steps": high, "min_global_steps": low, "max_global_steps": high}
     if low != high:
         tags["token_versions"] = known
+    tags[MODELLED_RUNS_KEY] = modelled_segments(request, start, end)
     return tags
+
+
+def modelled_segments(request: ModelledRequest, start: float, end: float) -> list[list]:
+    """The request's modelled tokens ``start``..``end`` as ``[count, version]`` runs (empty if a version is unknown).
+
+    The real tokens only carry the modelled ones (a resumed piece is a fresh real generation, of any length), so
+    the benchmark weighs each version by the modelled tokens decoded under it, the same way for every schedule."""
+    switches = [decoded for decoded, _ in request.versions[1:]] + [math.inf]
+    segments = []
+    for (begins, version), next_switch in zip(request.versions, switches):
+        count = min(next_switch, end) - max(begins, start)
+        if count > _DONE:
+            if version is None:
+                return []
+            segments.append([count, version])
+    return segments
 
 
 def sampler_trace_path(run_dir: str) -> str:
