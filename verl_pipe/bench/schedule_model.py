@@ -16,9 +16,9 @@ latency model's own replica arithmetic (:class:`~verl_pipe.bench.replica_model.R
   during which the replica decodes nothing and new requests wait).
 
 And the options it prices: an aborting sync (verl's ``separate_async``: every running request re-prefills its
-prefix and rejoins the queue's tail), a later admission (``admit_delay_s``), and an in-flight load after every
+prefix and rejoins the queue's tail), a later admission (``admit_delay_s``), an in-flight load after every
 minibatch (``load_every_minibatch``: versions advance by a fraction of a step, each load stalls the replica and
-the trainer for a sync). It is a model of one schedule's critical path, not of the trainers: ``make bench`` on
+the trainer for a sync), and loads received beside decoding (``staged_loads``). It is a model of one schedule's critical path, not of the trainers: ``make bench`` on
 the same profile measured 3.72-4.12 s per step and a token lag of 0.93 for ``in_flight_pipeline`` where this
 gives 3.79 s and 0.93, and it has no noise, so two options compare on the same draws.
 
@@ -41,6 +41,11 @@ class ScheduleOptions:
     max_lag: int = 1
     aborting_sync: bool = False  # verl's separate_async: a sync cuts every running request, which re-prefills
     load_every_minibatch: bool = False  # an in-flight load after each update, not only at the step's end
+    # The replica receives each load into a second weight buffer while it decodes, and swaps between two decode
+    # steps: no stall, the new version starts when the transfer ends. The buffer's memory is KV room (a 14B model's
+    # 28 GB of the modelled replica's ~110 GB: price it with concurrency=47). What the hf server does on CPU; vLLM's
+    # weight RPC holds the engine for the transfer.
+    staged_loads: bool = False
     admit_delay_s: float = 0.0  # wall seconds between the sync and the next batch's admission
     concurrency: Optional[int] = None  # requests the replica runs at once (None: the profile's)
     deadline_first: bool = True  # waiting requests start earliest deadline first (else in arrival order)
@@ -119,6 +124,8 @@ class _Run:
 
     def load(self, version: float, stall_s: float) -> None:
         """New weights reach the replica: it stalls, and every running request decodes the rest under them."""
+        if self.options.staged_loads:  # the transfer ran beside decoding (the caller advanced through it)
+            stall_s = 0.0
         self.replica.stall(stall_s)
         for request in [*self.replica.running, *self.replica.waiting]:
             _run_under(request, version)  # a cut request keeps the version of what it had decoded
@@ -145,6 +152,17 @@ def _token_lag(groups: list[list[_Request]], pi_old: float) -> tuple[float, floa
                 lag += (pi_old - version) * (end - start)
                 tokens += end - start
     return lag, tokens
+
+
+def _sync(run: _Run, clock: float, version: float) -> float:
+    """The trainer sends ``version`` (``sync_s``); the replica takes it at the start, or at the end when staged."""
+    if not run.options.staged_loads:
+        run.load(version, run.model.sync_s)
+    clock += run.model.sync_s
+    run.advance_to(clock)
+    if run.options.staged_loads:
+        run.load(version, 0.0)
+    return clock
 
 
 def simulate(
@@ -178,13 +196,10 @@ def simulate(
             clock += overhead + model.train_s_per_ktoken * trained / 1000.0
             run.advance_to(clock)
             if options.load_every_minibatch and minibatch < MINIBATCHES - 1:
-                run.load(step - 1 + (minibatch + 1) / MINIBATCHES, model.sync_s)
-                clock += model.sync_s
-                run.advance_to(clock)
+                clock = _sync(run, clock, step - 1 + (minibatch + 1) / MINIBATCHES)
         if options.aborting_sync:
             run.cut_and_requeue()
-        run.load(float(step), model.sync_s)
-        clock += model.sync_s + options.admit_delay_s / model.time_scale
+        clock = _sync(run, clock, float(step)) + options.admit_delay_s / model.time_scale
         run.advance_to(clock)
         run.admit(step + options.max_lag + 1)
         ends.append(clock)
@@ -204,6 +219,8 @@ OPTIONS = {
     "in_flight, 32 requests at once": ScheduleOptions(concurrency=32),
     "in_flight, no unmodelled trainer work": ScheduleOptions(trainer_overhead_s=0.0),
     "in_flight, lag 2": ScheduleOptions(max_lag=2),
+    "in_flight, staged loads (47 at once: the buffer's room)": ScheduleOptions(staged_loads=True, concurrency=47),
+    "  ... and a load per minibatch": ScheduleOptions(staged_loads=True, concurrency=47, load_every_minibatch=True),
 }
 
 
