@@ -19,8 +19,8 @@ And the options it prices: an aborting sync (verl's ``separate_async``: every ru
 prefix and rejoins the queue's tail), a later admission (``admit_delay_s``), an in-flight load after every
 minibatch (``load_every_minibatch``: versions advance by a fraction of a step, each load stalls the replica and
 the trainer for a sync), and loads received beside decoding (``staged_loads``). It is a model of one schedule's critical path, not of the trainers: ``make bench`` on
-the same profile measured 3.72-4.12 s per step and a token lag of 0.93 for ``in_flight_pipeline`` where this
-gives 3.79 s and 0.93, and it has no noise, so two options compare on the same draws.
+the same profile measured 3.72-4.12 s per step and a token lag of 0.92-0.93 for ``in_flight_pipeline`` where
+this gives 3.92 s and 0.93, and it has no noise, so two options compare on the same draws.
 
 ``python -m verl_pipe.bench.schedule_model`` prints the options side by side.
 """
@@ -124,8 +124,6 @@ class _Run:
 
     def load(self, version: float, stall_s: float) -> None:
         """New weights reach the replica: it stalls, and every running request decodes the rest under them."""
-        if self.options.staged_loads:  # the transfer ran beside decoding (the caller advanced through it)
-            stall_s = 0.0
         self.replica.stall(stall_s)
         for request in [*self.replica.running, *self.replica.waiting]:
             _run_under(request, version)  # a cut request keeps the version of what it had decoded
