@@ -175,12 +175,22 @@ def _patch_step_clock() -> None:
     module.PPOTrainer._compute_metrics = _compute_metrics
 
 
-def _patch_update_weights() -> None:
+def _wrap_checkpoint_manager_method(name: str, wrap) -> None:
+    """Replace verl's ``CheckpointEngineManager.<name>`` with ``wrap(original)``, once."""
     module = __import__(_CHECKPOINT, fromlist=["CheckpointEngineManager"])
-    original = module.CheckpointEngineManager.update_weights
-    if is_patched(original):
-        return
-    module.CheckpointEngineManager.update_weights = padded_update_weights(original)
+    original = getattr(module.CheckpointEngineManager, name)
+    if not is_patched(original):
+        setattr(module.CheckpointEngineManager, name, wrap(original))
+
+
+async def _run_original(original, self, args, kwargs):
+    """Call verl's ``@auto_await`` method from async code: it hands back a coroutine there, or its result."""
+    result = original(self, *args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
+
+
+def _patch_update_weights() -> None:
+    _wrap_checkpoint_manager_method("update_weights", padded_update_weights)
 
 
 def padded_update_weights(original):
@@ -203,9 +213,7 @@ def padded_update_weights(original):
         ends = time.monotonic() + (model.wall(model.sync_s) if model is not None else 0.0)
         self.__dict__[_SYNC_ENDS] = ends
         try:
-            result = original(self, *args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
+            result = await _run_original(original, self, args, kwargs)
         finally:
             self.__dict__.pop(_SYNC_ENDS, None)
         await asyncio.sleep(max(0.0, ends - time.monotonic()))
@@ -233,20 +241,13 @@ def gated_resume_generation(original):
         ends = self.__dict__.get(_SYNC_ENDS)
         if ends is not None:
             await asyncio.sleep(max(0.0, ends - time.monotonic()))
-        result = original(self, *args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        return await _run_original(original, self, args, kwargs)
 
     return resume_generation_replicas
 
 
 def _patch_resume_generation() -> None:
-    module = __import__(_CHECKPOINT, fromlist=["CheckpointEngineManager"])
-    original = module.CheckpointEngineManager.resume_generation_replicas
-    if is_patched(original):
-        return
-    module.CheckpointEngineManager.resume_generation_replicas = gated_resume_generation(original)
+    _wrap_checkpoint_manager_method("resume_generation_replicas", gated_resume_generation)
 
 
 _SYNC_ENDS = "_verl_pipe_modelled_sync_ends"  # on a checkpoint manager during a padded sync: its monotonic end
