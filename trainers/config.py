@@ -47,6 +47,12 @@ class PipelineConfig:
     # data.train_batch_size, all the lag bound admits): a slot is refilled once its group finishes and the bound
     # allows, across step boundaries; the replicas queue what they cannot run.
     max_in_flight_prompts: Optional[int] = None
+    # in_flight_pipeline only. Also load the weights of each minibatch update into the sampler, not only the step's
+    # last (versions then advance by a fraction of a step; a load is skipped while a group due at this step still
+    # generates, so no token is sampled by weights newer than the pi_old it trains against). Each load costs the
+    # trainer a sync. None: on for the hf rollout, whose server receives the weights beside decoding; off for vLLM,
+    # whose weight RPC holds the engine for the whole transfer (each load would stall the sampler).
+    load_every_update: Optional[bool] = None
 
     @classmethod
     def from_section(cls, mode: str, section: Any) -> "PipelineConfig":
@@ -68,6 +74,11 @@ class PipelineConfig:
             raise PipelineConfigError(
                 f"trainer.v1.{mode}.max_staleness must be a whole number >= 0 (or null to keep every sample), "
                 f"got {cfg.max_staleness!r}"
+            )
+        if cfg.load_every_update is not None and not isinstance(cfg.load_every_update, bool):
+            raise PipelineConfigError(
+                f"trainer.v1.{mode}.load_every_update must be true, false or null (the rollout decides), "
+                f"got {cfg.load_every_update!r}"
             )
         for key, floor in (("max_lag", 0), ("max_in_flight_prompts", 1)):
             value = getattr(cfg, key)

@@ -30,7 +30,8 @@ class InFlightReplayBuffer(PipelineReplayBuffer):
     def _oldest_batch(self, partition_id, keys):
         return keys  # groups of any submission may train together; deadlines order them
 
-    def _due_in_flight(self, global_steps: int, partition_id: str) -> set[str]:
+    def due_in_flight(self, global_steps: int, partition_id: str) -> set[str]:
+        """Groups due at ``global_steps`` or earlier that are still generating (as of the last TransferQueue read)."""
         steps = self.prompt_global_steps[partition_id]
         generating = self.pending_keys[partition_id] | self.running_keys[partition_id]
         return {uid for uid in generating if steps.get(uid, global_steps) <= global_steps}
@@ -39,7 +40,7 @@ class InFlightReplayBuffer(PipelineReplayBuffer):
         if partition_id == "val":
             return ReplayBufferAsync._has_enough_samples(self, global_steps, partition_id, batch_size, sampleable_keys)
         enough = len(sampleable_keys) >= batch_size
-        due = self._due_in_flight(global_steps, partition_id)
+        due = self.due_in_flight(global_steps, partition_id)
         steps = self.prompt_global_steps[partition_id]
         due_ready = sum(1 for uid in sampleable_keys if steps.get(uid, global_steps) <= global_steps)
         left_due = len(due) + max(0, due_ready - batch_size)  # what this minibatch leaves to the later ones

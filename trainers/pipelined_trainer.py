@@ -26,7 +26,6 @@ import time
 from collections import Counter
 from types import SimpleNamespace
 
-import numpy as np
 import ray
 from omegaconf import open_dict
 
@@ -39,6 +38,7 @@ from verl_pipe.trainers.sampler_slot import REPLAY_BUFFER_NAME, REPLAY_BUFFER_PA
 from verl_pipe.trainers.step_ledger import StepLedger
 from verl_pipe.trainers.timeline import Timeline
 from verl_pipe.trainers.timeline_recorder import TimelineRecorder
+from verl_pipe.trainers.token_lag import version_number
 
 
 class PipelinedTrainer(PPOTrainerSeparateAsync):
@@ -184,8 +184,8 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         real = [tag for tag in batch.tags if not tag.get("is_padding", False)]
         trained_keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
         consumed_keys, consumed_tags = self._filtered.consumed(trained_keys, real)
-        staleness = np.array([(global_steps - 1) - int(tag["max_global_steps"]) for tag in real], dtype=int)
-        for value, count in Counter(staleness.tolist()).items():
+        staleness = [version_number((global_steps - 1) - float(tag["max_global_steps"])) for tag in real]
+        for value, count in Counter(staleness).items():
             metrics[f"pipeline/staleness_hist/{value}"] = count
         metrics.update(self._timeline.time_metrics(timing_raw))
         metrics["pipeline/prompts_trained"] = len({key.split("_")[0] for key in trained_keys})

@@ -8,6 +8,13 @@ weights, and every token records the version that sampled it (its log-prob is th
 GRPO+'s token-level IS correction compares with pi_old). The trainer updates once per minibatch of finished
 groups, pi_old frozen across them, so a step's first minibatches train while its last groups still generate.
 
+With ``trainer.v1.in_flight_pipeline.load_every_update`` (on by default for the hf server, which receives the
+weights beside decoding) each minibatch update's weights are loaded too, as PipelineRL loads every optimizer
+step's: after the m-th of a step's M updates the sampler runs v_{k-1} + m / M, so the batches generating for the
+next steps lag less. Such a load waits for the step's own groups: while any group due at this step still generates
+(its tokens would come from weights newer than the pi_old that trains them) it is held until the next minibatch's
+groups have been taken; with nothing generating it is skipped.
+
 The lag bound (``trainer.v1.in_flight_pipeline.max_lag``, L, default 1) is enforced by deadlines, per token: a
 group submitted while the sampler serves v_s may train no later than step s + 1 + L (the trainer then holds
 v_{s+L}, so even its first token lags at most L). The feeder admits a prompt only if the steps up to its deadline
@@ -18,7 +25,7 @@ only after the sync: the schedule, the prompts and (with the hf server's per-req
 verl's ``sync`` mode's.
 
 Per-step metrics under ``in_flight/``: token-weighted mean, max and min lag, the share of samples spanning more
-than one version, groups held back and dropped, and the bound.
+than one version, groups held back and dropped, the bound, and the minibatch loads sent and skipped.
 """
 
 from __future__ import annotations
@@ -76,11 +83,21 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         self._stop = threading.Event()
         self._feeder: threading.Thread | None = None
         self._feed_error: BaseException | None = None
+        self.load_every_update = self._loads_every_update(config)
+        self._update_loads = {"sent": 0, "skipped": 0}  # this step's minibatch loads (not the step's last)
+        self._unsent_update: float | None = None  # the version of a minibatch update's weights not loaded yet
 
     def parameter_sync_step_for(self, config) -> int:
         # One optimizer step per minibatch of finished groups (pi_old frozen across them, as minibatch_pipeline
         # does), so the first minibatches train while the step's last groups still generate.
         return config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size
+
+    def _loads_every_update(self, config) -> bool:
+        configured = self.pipeline_cfg.load_every_update
+        if configured is not None:
+            return configured
+        # the hf server stages a load's buckets while it decodes; vLLM's weight RPC holds its engine meanwhile
+        return config.actor_rollout_ref.rollout.name == "hf"
 
     def _check_layout(self, config) -> None:
         super()._check_layout(config)
@@ -205,9 +222,38 @@ class InFlightPipelineTrainer(PipelinedTrainer):
             if self.local_trigger_step == self.parameter_sync_step - 1:
                 self._next_step_to_sample = self.global_steps + 1
                 self._taken_this_step = 0
+        self._load_update(inside_gen_timer=True)  # one that waited for the step's groups: they have generated now
+
+    def _step_once(self, metrics, timing_raw, sample_batch_size):
+        batch = super()._step_once(metrics, timing_raw, sample_batch_size)
+        if self.load_every_update and self.local_trigger_step < self.parameter_sync_step - 1:
+            # the weights after update m of the step's M: v_{k-1} + m / M
+            self._unsent_update = (self.global_steps - 1) + (self.local_trigger_step + 1) / self.parameter_sync_step
+            self._load_update()
+        return batch
+
+    def _load_update(self, inside_gen_timer: bool = False) -> None:
+        """Send the latest minibatch update's weights to the sampler, once no group due at this step generates (it
+        would sample from weights newer than the pi_old that trains it): until then it waits, and the next
+        minibatch's sampling, which has those groups, tries again. With nothing generating there is nothing to load
+        into; the step's own sync supersedes a load still waiting at its end."""
+        if self._unsent_update is None:
+            return
+        if self.replay_buffer.inflight_count() == 0:  # re-reads TransferQueue
+            self._unsent_update = None
+            self._update_loads["skipped"] += 1
+            return
+        if self.replay_buffer.due_in_flight(self.global_steps, "train"):
+            return
+        version, self._unsent_update = self._unsent_update, None
+        self._sync_weights(version, inside_gen_timer=inside_gen_timer)
+        self._update_loads["sent"] += 1
 
     def on_step_end(self):
         self._raise_feed_error()
+        if self._unsent_update is not None:  # superseded by the step's own weights, sent now
+            self._unsent_update = None
+            self._update_loads["skipped"] += 1
         # In flight: nothing is aborted, the servers load v_k at their next decode step.
         self._sync_weights(self.global_steps)
         with self._lock:
@@ -243,4 +289,7 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         metrics["in_flight/held_back_groups"] = float(counts["held_back_groups"])
         metrics["in_flight/dropped_groups"] = float(counts["dropped_groups"])
         metrics["in_flight/max_lag"] = float(self.max_lag)
+        metrics["in_flight/update_loads_sent"] = float(self._update_loads["sent"])
+        metrics["in_flight/update_loads_skipped"] = float(self._update_loads["skipped"])
+        self._update_loads = {"sent": 0, "skipped": 0}
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)

@@ -81,7 +81,7 @@ def filter_batch(batch: KVBatchMeta, cfg: PipelineConfig, trainer_version: int) 
         counts.update({k: v for k, v in result.metrics.items() if k not in _NOT_COUNTS})
 
     if cfg.max_staleness is not None and len(keep):
-        versions = [[int(tags[i]["min_global_steps"]), int(tags[i]["max_global_steps"])] for i in keep]
+        versions = [[float(tags[i]["min_global_steps"]), float(tags[i]["max_global_steps"])] for i in keep]
         narrow(filter_stale_samples(versions, trainer_version, int(cfg.max_staleness)))
     if cfg.drop_env_failures and len(keep):
         flags = env_failure_flags(list(keys[keep]), batch.partition_id)

@@ -14,6 +14,8 @@ import os
 import numpy as np
 import transfer_queue as tq
 
+from verl_pipe.trainers.token_lag import version_number
+
 logger = logging.getLogger("verl_pipe")
 
 
@@ -32,7 +34,7 @@ class StepLedger:
             "prompts": self.prompt_ids(consumed_keys, partition_id),
             "prompts_trained": self.prompt_ids(trained_keys, partition_id),
             "sample_versions": sorted(
-                {(int(t["min_global_steps"]), int(t["max_global_steps"])) for t in consumed_tags}
+                {(version_number(t["min_global_steps"]), version_number(t["max_global_steps"])) for t in consumed_tags}
             ),
             "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("pipeline/")},
         }

@@ -133,6 +133,9 @@ def test_one_off_beats_the_reward_after_generation_baseline(tmp_path, ray_cluste
     assert 0 < in_flight["token_lag_mean"] <= in_flight["token_lag_max"] == 1
     assert in_flight["dropped_groups"] == 0
     assert in_flight["step_s"] < runs["verl_sync_reward_after"]["step_s"]
+    # and, on the hf server, the first of each step's two updates reached the sampler too (staged: a fraction of a
+    # version, v_{k-1} + 1/2, which every tag, the token lag and the lag bound carried through)
+    assert in_flight["update_loads_sent"] >= 1
 
 
 def test_the_in_flight_lines_compare_with_separate_async_and_print_the_gap_to_the_bar():
@@ -144,3 +147,4 @@ def test_the_in_flight_lines_compare_with_separate_async_and_print_the_gap_to_th
     text = format_report({"runs": runs, "comparison": compare([peer, ours]), "wall_s": 1.0, "out_dir": "/x"})
     assert "in_flight_pipeline vs verl_separate_async: 1.25x the speed, token lag 0.80 vs 0.90" in text
     assert "in_flight_pipeline sampler busy 92.0% of the window (3.0% short of the 95% bar)" in text
+    assert "minibatch updates loaded 0 in the run" in text

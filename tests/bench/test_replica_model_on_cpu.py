@@ -362,3 +362,61 @@ def test_an_in_flight_loads_stall_is_cut_out_of_the_busy_spans(tmp_path):
     spans = load_busy_spans(str(trace))
     assert spans == [(0.0, 3.0), (4.5, 10.0), (12.0, 13.0)]
     assert busy_share(spans, 0.0, 10.0) == pytest.approx(0.85)
+
+
+def test_a_staged_load_stalls_nothing_and_switches_version_when_its_transfer_ends():
+    """The hf server's way: the weights arrive beside decoding and swap in between two decode steps. Guards: a staged
+    load priced as free *and* fresh at once (the version switching when the transfer begins), or one that still
+    stalls the replica. The stalling load of the same model is the control: it ends the request later by sync_s."""
+    staged_model = _versioned_model(staged_loads=True)
+
+    async def scenario():
+        replicas = {"staged": ModelledReplica(staged_model), "stalling": ModelledReplica(_versioned_model()),
+                    "unloaded": ModelledReplica(staged_model)}  # fmt: skip
+        for replica in replicas.values():
+            replica.weights_loaded(3, in_flight=False)
+        tasks = {name: asyncio.ensure_future(_serve_timed(replica, [1])) for name, replica in replicas.items()}
+        await asyncio.sleep(staged_model.wall(_LOAD_AT_S))
+        replicas["staged"].weights_loaded(3.5, in_flight=True)  # the first of a step's two updates
+        replicas["stalling"].weights_loaded(3.5, in_flight=True)
+        return {name: await task for name, task in tasks.items()}
+
+    results = asyncio.run(scenario())
+    answer, extra, end_s = results["staged"]
+    unloaded_end_s = results["unloaded"][2]
+    assert answer.token_ids == _REAL and answer.stop_reason == "completed"
+    assert end_s == pytest.approx(unloaded_end_s, abs=0.06)  # no stall
+    assert _in_flight_failures(staged_model, answer, end_s, unloaded_end_s) == ["no stall"]
+    assert results["stalling"][2] - unloaded_end_s == pytest.approx(staged_model.wall(staged_model.sync_s), abs=0.06)
+    # the new version starts when the 4 s transfer ends: 800 of the 1000 tokens under 3, the rest under 3.5
+    (old_tokens, old_version), (new_tokens, new_version) = extra["modelled_token_versions"]
+    assert (old_version, new_version) == (3, 3.5) and old_tokens + new_tokens == pytest.approx(1000)
+    assert old_tokens == pytest.approx((_LOAD_AT_S + staged_model.sync_s - 0.05) * 100, abs=15)
+    assert (extra["min_global_steps"], extra["max_global_steps"]) == (3, 3.5)
+
+
+def test_a_staged_load_still_arriving_lands_before_the_next_one():
+    model = _versioned_model(staged_loads=True, sync_s=100.0)  # transfers far longer than the request
+
+    async def scenario():
+        replica = ModelledReplica(model)
+        replica.weights_loaded(1, in_flight=False)
+        replica.weights_loaded(1.5, in_flight=True)
+        assert replica.version == 1  # still arriving
+        replica.weights_loaded(2, in_flight=True)  # the next update's: the first lands now
+        assert replica.version == 1.5
+        _, extra, _ = await _serve_timed(replica, [1])
+        return extra
+
+    extra = asyncio.run(scenario())
+    assert extra["global_steps"] == 1.5  # the second is still arriving when the request ends
+
+
+def test_the_staging_buffer_is_priced_as_kv_room():
+    """A second copy of the default 14B weights (28 GB) is ~143K KV tokens at 196 KB each: 16 requests of ~9K."""
+    model = LatencyModel(replica_concurrency=64)
+    assert model.weight_copy_requests() == 16
+    staged = model.with_staged_loads()
+    assert staged.staged_loads and staged.replica_concurrency == 48
+    assert LatencyModel(replica_concurrency=8).with_staged_loads().replica_concurrency == 1  # never below one
+    assert LatencyModel(kv_step_s_per_ktoken=0.0).weight_copy_requests() == 0  # no KV cost modelled: no room taken

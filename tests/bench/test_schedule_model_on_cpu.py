@@ -61,6 +61,6 @@ def test_negative_control_a_free_re_prefill_makes_the_abort_cost_nothing(lag_one
 def test_staged_loads_take_the_stall_off_the_sampler(lag_one):
     """Weights received beside decoding (a second buffer, priced as KV room) stall nothing: a shorter step, and a
     slightly staler token mix (the new version starts when the transfer ends, not when it begins)."""
-    staged = simulate(ScheduleOptions(staged_loads=True, concurrency=47))
+    staged = simulate(ScheduleOptions(staged_loads=True))
     assert staged.step_s < lag_one.step_s
     assert lag_one.token_lag <= staged.token_lag < lag_one.token_lag + 0.05

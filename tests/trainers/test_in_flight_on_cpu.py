@@ -148,6 +148,67 @@ def test_a_finished_group_past_its_deadline_is_dropped_and_counted(buffer):
     assert buffer._stale_terminal_keys(2, "val") == set()
 
 
+class _Loads:
+    """The trainer's weight sync, recorded (the version each load would carry)."""
+
+    def __init__(self):
+        self.versions = []
+
+    def __call__(self, version, inside_gen_timer=False):
+        self.versions.append(version)
+
+
+def _trainer_after_update(buffer, update: int, updates: int = 2, step: int = 2):
+    trainer = InFlightPipelineTrainer.__new__(InFlightPipelineTrainer)
+    buffer._sync_metadata_from_transfer_queue = lambda: None  # the state _state() set is what TransferQueue holds
+    trainer.replay_buffer, trainer.global_steps = buffer, step
+    trainer.local_trigger_step, trainer.parameter_sync_step = update, updates
+    trainer._update_loads = {"sent": 0, "skipped": 0}
+    trainer._unsent_update = (step - 1) + (update + 1) / updates  # what _step_once sets after the update
+    trainer._sync_weights = _Loads()
+    return trainer
+
+
+def test_a_minibatch_updates_weights_load_once_the_steps_own_groups_have_generated(buffer):
+    """Guards: a load after a step's first update reaching a group that step still trains (its tokens would come
+    from weights newer than the pi_old they train against), and loads sent to a sampler with nothing to run."""
+    # the step's own group "due" still generates: the load waits (it would sample from v1.5 and train against v1)
+    _state(buffer, {"a": 2, "due": 2, "next": 3}, generating=["due", "next"])
+    trainer = _trainer_after_update(buffer, update=0)
+    trainer._load_update()
+    assert trainer._sync_weights.versions == [] and trainer._unsent_update == 1.5
+    # the next minibatch has taken "due": only the next step's groups generate, and go on under v1 + 1/2
+    _state(buffer, {"a": 2, "due": 2, "next": 3}, generating=["next"])
+    trainer._load_update(inside_gen_timer=True)
+    assert trainer._sync_weights.versions == [1.5] and trainer._update_loads == {"sent": 1, "skipped": 0}
+    trainer._load_update()  # sent once
+    assert trainer._sync_weights.versions == [1.5]
+    # nothing generates: nothing to load into
+    _state(buffer, {"a": 2, "due": 2, "next": 3})
+    trainer = _trainer_after_update(buffer, update=0)
+    trainer._load_update()
+    assert trainer._sync_weights.versions == [] and trainer._update_loads == {"sent": 0, "skipped": 1}
+    # a step of 4 updates: after its third, v1 + 3/4
+    _state(buffer, {"next": 3}, generating=["next"])
+    trainer = _trainer_after_update(buffer, update=2, updates=4)
+    trainer._load_update()
+    assert trainer._sync_weights.versions == [1.75]
+
+
+def test_update_loads_are_on_where_the_server_stages_them():
+    def loads(rollout, configured=None):
+        config = _compose(LAYOUT + [f"actor_rollout_ref.rollout.name={rollout}"])
+        trainer = InFlightPipelineTrainer.__new__(InFlightPipelineTrainer)
+        section = {} if configured is None else {"load_every_update": configured}
+        trainer.pipeline_cfg = PipelineConfig.from_section(MODE, section)
+        return trainer._loads_every_update(config)
+
+    assert loads("hf") and not loads("vllm")  # vLLM's weight RPC would stall the sampler at every load
+    assert not loads("hf", False) and loads("vllm", True)
+    with pytest.raises(PipelineConfigError, match=f"trainer.v1.{MODE}.load_every_update"):
+        PipelineConfig.from_section(MODE, {"load_every_update": "yes"})
+
+
 # --- token versions: the client, and the lag metrics -------------------------------------------------------------
 
 
@@ -193,6 +254,17 @@ def test_token_lag_weighs_tokens_not_samples():
     heavy = sample_versions({"response_len": 2, "max_global_steps": 3}, {"modelled_response_tokens": 200}, True)
     light = sample_versions({"response_len": 2, "max_global_steps": 5}, {"modelled_response_tokens": 2}, True)
     assert token_lag_metrics([heavy, light], 5, "x")["x/token_lag/mean"] == pytest.approx(2 * 100 / 101)
+
+
+def test_a_version_a_fraction_of_a_step_lags_by_that_fraction():
+    """Tokens sampled by the weights of a step's first of two updates (v1.5), trained at step 3 (pi_old v2)."""
+    from verl_pipe.trainers.token_lag import version_number
+
+    sample = sample_versions({"response_len": 4, "max_global_steps": 1.5}, {"token_versions": [1, 1, 1.5, 1.5]})
+    lag = token_lag_metrics([sample], trainer_version=2, prefix="x")
+    assert lag["x/token_lag/mean"] == pytest.approx(0.75)  # half a version old and half one version old
+    assert lag["x/token_lag/max"] == 1 and lag["x/token_lag/min"] == 0.5
+    assert (version_number(1.5), version_number(2.0), type(version_number(2.0))) == (1.5, 2, int)
 
 
 def test_the_benchmarks_token_lag_weighs_the_modelled_tokens_of_each_version():

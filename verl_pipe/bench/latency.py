@@ -19,7 +19,10 @@ The modelled phases (all in modelled seconds, scaled to wall seconds by ``time_s
   prefill of their whole prefix again.
 * **training** (old log-probs plus the actor update): ``train_s_per_ktoken`` per thousand modelled response
   tokens trained.
-* **weight sync**: ``sync_s`` per sync.
+* **weight sync**: ``sync_s`` per sync. An in-flight load (``in_flight_pipeline``) stalls the replica for it,
+  unless the replica stages loads (``staged_loads``): it receives the weights into a second buffer while it
+  decodes and swaps them in between two decode steps when the transfer ends. That buffer is memory the KV cache
+  no longer has, so a staging replica runs fewer requests at once (:meth:`LatencyModel.with_staged_loads`).
 * **reward**: ``reward_s`` per sample (the modelled reward function, :mod:`verl_pipe.bench.modelled_reward`), or
   the real sandbox; with ``reward_after_generation`` the whole batch's reward time is spent after generation,
   on the trainer's critical path (the thesis' baseline, which verl's V1 trainer cannot be configured to do
@@ -39,7 +42,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Optional, Sequence
 
 from verl_pipe.backends.cpu.generation_timing import GENERATION_TIMING_ENV
@@ -78,6 +81,9 @@ class LatencyModel:
     reward_s: float = 0.0  # modelled reward per sample (0: math-like)
     reward_workers: int = 8  # samples scored at once (set reward.interleaved.concurrency to match)
     reward_after_generation: bool = False
+    # In-flight loads arrive into a second weight buffer beside decoding (no stall; the version switches when the
+    # transfer ends). Set it with with_staged_loads(), which also takes the buffer's room from the KV cache.
+    staged_loads: bool = False
     time_scale: float = 1.0  # wall seconds per modelled second
     seed: int = 0
 
@@ -115,6 +121,25 @@ class LatencyModel:
 
     def train_s(self, response_tokens: int) -> float:
         return self.train_s_per_ktoken * response_tokens / 1000.0
+
+    def weight_copy_requests(self, draws: int = 2000) -> int:
+        """How many requests' KV cache a second copy of the weights displaces (a staged load holds one).
+
+        On the roofline the weights stream in ``1 / decode_tokens_per_s`` and a thousand KV tokens in
+        ``kv_step_s_per_ktoken``, so the copy is worth their ratio in KV tokens; a request holds its prompt and, at
+        its longest, its whole response (the mean of the length distribution). Defaults: 28 GB of weights against
+        196 KB a token, ~143K tokens, about 16 requests of ~9K tokens."""
+        if self.kv_step_s_per_ktoken <= 0:
+            return 0
+        weight_tokens = (1.0 / self.decode_tokens_per_s) / (self.kv_step_s_per_ktoken / 1000.0)
+        mean_response = sum(self.response_tokens([-1], index) for index in range(draws)) / draws
+        return math.ceil(weight_tokens / (self.prompt_tokens + mean_response))
+
+    def with_staged_loads(self) -> "LatencyModel":
+        """This model on a replica that stages its in-flight loads, with the weight buffer's room taken from its KV
+        cache (:meth:`weight_copy_requests` fewer requests at once; at least one)."""
+        concurrency = max(1, self.replica_concurrency - self.weight_copy_requests())
+        return replace(self, staged_loads=True, replica_concurrency=concurrency)
 
     def wall(self, modelled_s: float) -> float:
         """Modelled seconds to wall-clock seconds."""

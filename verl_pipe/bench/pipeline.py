@@ -10,7 +10,10 @@ Schedules, all V1:
 * ``verl_sync``: verl's ``sync`` mode as it ships (rewards stream while the rest of the batch generates);
 * ``verl_separate_async``: verl's ``separate_async`` (separate pools, minibatch streaming, one warm-up batch);
 * ``minibatch_pipeline``, ``one_off_pipeline`` and ``in_flight_pipeline``: ours (the last never drains its sampler
-  and loads new weights between decode steps).
+  and loads new weights between decode steps: after every minibatch update, received beside decoding as the hf
+  server does, with the second weight buffer's memory taken from the modelled replica's KV cache);
+* ``in_flight_pipeline_stalling``: the same mode on an engine whose loads hold it for the transfer (vLLM's weight
+  RPC does), loading once a step, its default there; ``in_flight_pipeline_lag2``: lag bound 2.
 
 Each phase time is held the same in every schedule (the model's per-request, per-token and per-sync costs),
 as the ideal bounds assume; what differs is only how the schedule overlaps them. The step time is the loop's
@@ -60,6 +63,9 @@ class Schedule:
     separate_pools: bool
     reward_after_generation: bool = False
     extra_overrides: tuple[str, ...] = ()  # the mode's own options
+    # The modelled replica receives in-flight loads beside decoding (LatencyModel.with_staged_loads: no stall, the
+    # weight buffer's room taken from its KV cache), as the hf server does.
+    staged_loads: bool = False
 
 
 SCHEDULES = {
@@ -70,8 +76,10 @@ SCHEDULES = {
         Schedule("verl_separate_async", "separate_async", separate_pools=True),
         Schedule("minibatch_pipeline", "minibatch_pipeline", separate_pools=True),
         Schedule("one_off_pipeline", "one_off_pipeline", separate_pools=True),
-        Schedule("in_flight_pipeline", "in_flight_pipeline", separate_pools=True),
-        Schedule("in_flight_pipeline_lag2", "in_flight_pipeline", separate_pools=True,
+        Schedule("in_flight_pipeline", "in_flight_pipeline", separate_pools=True, staged_loads=True),
+        Schedule("in_flight_pipeline_stalling", "in_flight_pipeline", separate_pools=True,
+                 extra_overrides=("+trainer.v1.in_flight_pipeline.load_every_update=false",)),
+        Schedule("in_flight_pipeline_lag2", "in_flight_pipeline", separate_pools=True, staged_loads=True,
                  extra_overrides=("+trainer.v1.in_flight_pipeline.max_lag=2",)),  # fmt: skip
     )
 }
@@ -247,6 +255,8 @@ class RunResult:
     # in_flight_pipeline: prompt groups per step the trainer waited for (due under the lag bound) or dropped
     held_back_groups: float = 0.0
     dropped_groups: float = 0.0
+    # in_flight_pipeline: minibatch updates' weights loaded into the sampler over the whole run (besides each step's)
+    update_loads_sent: float = 0.0
     log: str = ""
 
     @property
@@ -313,6 +323,7 @@ def summarize_run(schedule: Schedule, profile: Profile, steps: list[dict], warmu
         spanning_share=_mean(measured, "bench/spanning_samples_share"),
         held_back_groups=_mean(measured, "in_flight/held_back_groups"),
         dropped_groups=_mean(measured, "in_flight/dropped_groups"),
+        update_loads_sent=sum(float(r.get("in_flight/update_loads_sent", 0.0)) for r in records),
         log=log,
     )
 
@@ -391,6 +402,8 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
                 schedule = SCHEDULES[schedule_name]
                 run_dir = os.path.join(out_dir, profile_name, schedule_name)
                 variant = replace(model, reward_after_generation=schedule.reward_after_generation)
+                if schedule.staged_loads:
+                    variant = variant.with_staged_loads()
                 run_latency = os.path.join(out_dir, f"latency_{profile_name}_{schedule_name}.json")
                 with open(run_latency, "w", encoding="utf-8") as fh:
                     fh.write(variant.to_json())
@@ -402,7 +415,7 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
                 result = summarize_run(schedule, profile, steps, cfg.warmup_steps, log)
                 results.append(result)
                 progress(
-                    f"{profile_name:7s} {schedule_name:23s} step {result.step_s:6.2f} s  "
+                    f"{profile_name:7s} {schedule_name:28s} step {result.step_s:6.2f} s  "
                     f"(run {time.time() - t0:5.0f} s)"
                 )
     report = {
@@ -433,8 +446,8 @@ def _in_flight_lines(by_name: dict[str, dict]) -> list[str]:
         if peer is not None:
             lines.append(
                 f"  {name} vs verl_separate_async: {peer['step_s'] / run['step_s']:.2f}x the speed, token lag "
-                f"{run['token_lag_mean']:.2f} vs {peer['token_lag_mean']:.2f} (max {run['token_lag_max']:.0f} vs "
-                f"{peer['token_lag_max']:.0f}), samples spanning versions {run['spanning_share']:.0%} vs "
+                f"{run['token_lag_mean']:.2f} vs {peer['token_lag_mean']:.2f} (max {run['token_lag_max']:g} vs "
+                f"{peer['token_lag_max']:g}), samples spanning versions {run['spanning_share']:.0%} vs "
                 f"{peer['spanning_share']:.0%}"
             )
         if run["sampler_idle_frac"] is not None:
@@ -443,7 +456,8 @@ def _in_flight_lines(by_name: dict[str, dict]) -> list[str]:
             verdict = f"{gap:.1%} short of" if gap > 0 else f"{-gap:.1%} above"
             lines.append(
                 f"  {name} sampler busy {busy:.1%} of the window ({verdict} the {SAMPLER_BUSY_TARGET:.0%} bar); "
-                f"groups held back {run['held_back_groups']:.1f}/step, dropped {run['dropped_groups']:.1f}/step"
+                f"groups held back {run['held_back_groups']:.1f}/step, dropped {run['dropped_groups']:.1f}/step; "
+                f"minibatch updates loaded {run.get('update_loads_sent', 0.0):.0f} in the run"
             )
     return lines
 
@@ -454,7 +468,7 @@ def format_report(report: dict[str, Any]) -> str:
     runs = report["runs"]
     for profile, comparison in report["comparison"].items():
         lines.append(f"profile {profile}")
-        header = f"  {'schedule':23s} {'step s':>7s} {'stale':>5s} {'spans':>5s} {'tok lag':>7s} {'bubble':>7s}"
+        header = f"  {'schedule':28s} {'step s':>7s} {'stale':>5s} {'spans':>5s} {'tok lag':>7s} {'bubble':>7s}"
         header += f" {'smp idle':>8s}"
         header += f" {'rwd hid':>7s}"
         header += "".join(f" {'vs ' + b[5:]:>18s}" for b in BASELINES)
@@ -463,7 +477,7 @@ def format_report(report: dict[str, Any]) -> str:
             idle = run["sampler_idle_frac"]
             hidden = run["reward_hidden_frac"]
             row = (
-                f"  {run['schedule']:23s} {run['step_s']:7.2f} {run['staleness_mean']:5.2f} "
+                f"  {run['schedule']:28s} {run['step_s']:7.2f} {run['staleness_mean']:5.2f} "
                 f"{run['spans_mean']:5.2f} {run['token_lag_mean']:7.2f} "
                 f"{run['trainer_bubble_frac']:7.2f} "
                 f"{'   n/a' if idle is None else f'{idle:8.2f}'} {'  n/a' if hidden is None else f'{hidden:7.2f}'}"

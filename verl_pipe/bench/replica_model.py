@@ -23,7 +23,10 @@ An in-flight load (PipelineRL-style, :meth:`ModelledReplica.weights_loaded` with
 the replica stalls for ``sync_s`` while the weights load between two decode steps, then every running request
 decodes the rest under the new version, its KV cache kept. The answer is whole; each modelled request records
 where it switched version, and ``serve`` tags each real token with the version in force at the matching modelled
-token (``global_steps``, ``min_``/``max_global_steps``, and ``token_versions`` when they differ).
+token (``global_steps``, ``min_``/``max_global_steps``, and ``token_versions`` when they differ). A replica that
+stages its loads (``staged_loads``: what the ``hf`` server does) does not stall: it receives the weights beside
+decoding, and the running requests switch version when the modelled transfer ends, ``sync_s`` after the load
+began. Versions may be fractions of a step (a load after each of a step's minibatch updates).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class ModelledRequest:
     started_at: float = math.nan  # replica time of admission
     # (decoded when it switched, policy version from then on), in order: the version in force at admission or
     # resume first, then each in-flight load while it runs (None: the replica was never told a version)
-    versions: list[tuple[float, Optional[int]]] = field(default_factory=list)
+    versions: list[tuple[float, Optional[float]]] = field(default_factory=list)
 
     @property
     def remaining(self) -> float:
@@ -204,7 +207,8 @@ class ModelledReplica:
         self._driver: Optional[asyncio.Task] = None
         self.busy_intervals: list[tuple[float, float]] = []  # wall-clock (time.time) spans with requests running
         self._busy_since: Optional[float] = None
-        self.version: Optional[int] = None  # the modelled policy version (None until weights_loaded names one)
+        self.version: Optional[float] = None  # the modelled policy version (None until weights_loaded names one)
+        self._staged: Optional[tuple[float, float]] = None  # a staged load in transfer: (sim time it lands, version)
 
     # --- the clock ------------------------------------------------------------------------------------------
 
@@ -214,11 +218,23 @@ class ModelledReplica:
         if self._wall_origin is None:
             self._wall_origin = loop.time()
         target = (loop.time() - self._wall_origin) / self.model.time_scale
-        for request in self.sim.advance(max(0.0, target - self.sim.now)):
+        if self._staged is not None and self._staged[0] <= target:  # a staged load landed meanwhile: switch there
+            self._release(self.sim.advance(max(0.0, self._staged[0] - self.sim.now)))
+            self._switch_to_staged()
+        self._release(self.sim.advance(max(0.0, target - self.sim.now)))
+        self._trace_busy()
+
+    def _release(self, finished: list[ModelledRequest]) -> None:
+        for request in finished:
             future = self._waiters.pop(id(request), None)
             if future is not None and not future.done():
                 future.set_result(True)
-        self._trace_busy()
+
+    def _switch_to_staged(self) -> None:
+        """The staged load's transfer has ended: the running and waiting requests go on under its version."""
+        _, version = self._staged
+        self._staged = None
+        self._switch(version, self.sim.running)
 
     def _trace_busy(self) -> None:
         busy, now = bool(self.sim.running), time.time()
@@ -322,11 +338,13 @@ class ModelledReplica:
             if not future.done():
                 future.set_result(False)
 
-    def weights_loaded(self, version: int, in_flight: bool) -> None:
+    def weights_loaded(self, version: float, in_flight: bool) -> None:
         """The replica now serves policy ``version`` (call it on the event loop the replica serves on).
 
         ``in_flight``: the weights load between two decode steps and nothing is aborted: the replica stalls for
         ``sync_s`` (the transfer holds the engine), then each running request decodes the rest under ``version``.
+        With ``staged_loads`` nothing stalls: the requests decode on under the old weights while the new ones arrive,
+        and switch when the transfer ends (``sync_s`` from now; a load still arriving lands first).
         Otherwise an aborting sync already cut the running requests (verl aborts before it loads, and parks every
         request, new or resubmitted, behind the servers' gate until the modelled ``sync_s`` has passed: the
         trainer-side patch ``latency_model_sync_holds_the_gate``), and each resumes under ``version``.
@@ -334,21 +352,28 @@ class ModelledReplica:
         """
         if in_flight:
             self._catch_up()  # the load lands where the replica has got to now
+        if self._staged is not None:  # a staged load still arriving lands before this one
+            self._switch_to_staged()
+        if in_flight and self.model.staged_loads:
+            self._staged = (self.sim.now + self.model.sync_s, version)
+            return
+        if in_flight:
             if self.sim.running:  # the requests wait, idle: not busy time in the sampler's trace
                 start = time.time() + self.model.wall(self.sim.pending_stall_s)
                 self._record_span(start, start + self.model.wall(self.model.sync_s), kind="stall")
             self.sim.stall(self.model.sync_s)
-            for request in self.sim.running:
-                _run_under(request, int(version))
-        self.version = int(version)
-        for request in self.sim.waiting:
-            _run_under(request, self.version)
+        self._switch(version, self.sim.running if in_flight else [])
+
+    def _switch(self, version: float, running: list[ModelledRequest]) -> None:
+        self.version = version
+        for request in [*running, *self.sim.waiting]:
+            _run_under(request, version)
 
     def busy_fraction(self) -> float:
         return self.sim.busy_s / self.sim.now if self.sim.now > 0 else 0.0
 
 
-def _run_under(request: ModelledRequest, version: Optional[int]) -> None:
+def _run_under(request: ModelledRequest, version: Optional[float]) -> None:
     """The request decodes from here on under ``version`` (replacing the last switch if nothing was decoded since)."""
     if request.versions and request.versions[-1][0] >= request.decoded - _DONE:
         request.versions[-1] = (request.versions[-1][0], version)
@@ -362,7 +387,7 @@ def _version_tags(request: ModelledRequest, start: float, end: float, tokens: in
     unless every token's version is known (the server's own tag stands then)."""
     switches = [decoded for decoded, _ in request.versions]
 
-    def at(position: float) -> Optional[int]:
+    def at(position: float) -> Optional[float]:
         return request.versions[max(0, bisect_right(switches, position) - 1)][1] if request.versions else None
 
     if tokens:

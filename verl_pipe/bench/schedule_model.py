@@ -42,9 +42,9 @@ class ScheduleOptions:
     aborting_sync: bool = False  # verl's separate_async: a sync cuts every running request, which re-prefills
     load_every_minibatch: bool = False  # an in-flight load after each update, not only at the step's end
     # The replica receives each load into a second weight buffer while it decodes, and swaps between two decode
-    # steps: no stall, the new version starts when the transfer ends. The buffer's memory is KV room (a 14B model's
-    # 28 GB of the modelled replica's ~110 GB: price it with concurrency=47). What the hf server does on CPU; vLLM's
-    # weight RPC holds the engine for the transfer.
+    # steps: no stall, the new version starts when the transfer ends. The buffer's memory is KV room
+    # (LatencyModel.with_staged_loads: a 14B model's 28 GB of the modelled replica's ~110 GB, 48 requests at once
+    # instead of 64). What the hf server does on CPU; vLLM's weight RPC holds the engine for the transfer.
     staged_loads: bool = False
     admit_delay_s: float = 0.0  # wall seconds between the sync and the next batch's admission
     concurrency: Optional[int] = None  # requests the replica runs at once (None: the profile's)
@@ -173,6 +173,8 @@ def simulate(
     """The schedule's steady state on ``profile`` (calibrated as ``make bench`` does) under ``options``."""
     cfg = cfg or BenchConfig()
     model = calibrate(PROFILES[profile], cfg)
+    if options.staged_loads:
+        model = model.with_staged_loads()
     if options.concurrency is not None:
         model = replace(model, replica_concurrency=options.concurrency)
     run = _Run(model, cfg, options)
@@ -217,8 +219,8 @@ OPTIONS = {
     "in_flight, 32 requests at once": ScheduleOptions(concurrency=32),
     "in_flight, no unmodelled trainer work": ScheduleOptions(trainer_overhead_s=0.0),
     "in_flight, lag 2": ScheduleOptions(max_lag=2),
-    "in_flight, staged loads (47 at once: the buffer's room)": ScheduleOptions(staged_loads=True, concurrency=47),
-    "  ... and a load per minibatch": ScheduleOptions(staged_loads=True, concurrency=47, load_every_minibatch=True),
+    "in_flight, staged loads (48 at once: the buffer's room)": ScheduleOptions(staged_loads=True),
+    "  ... and a load per minibatch": ScheduleOptions(staged_loads=True, load_every_minibatch=True),
 }
 
 

@@ -333,7 +333,7 @@ class HFRolloutServer:
                 self._replica_timing = timing.replica()
             loaded = getattr(self._replica_timing, "weights_loaded", None)
             if loaded is not None:
-                loaded(int(global_steps), in_flight=between_decode_steps)
+                loaded(global_steps, in_flight=between_decode_steps)
         loop = asyncio.get_running_loop()
         if between_decode_steps and self._engine_lock.locked():
             applied = loop.create_future()
@@ -393,7 +393,7 @@ class HFRolloutServer:
         self.global_steps = global_steps
         loaded = getattr(self._replica_timing, "weights_loaded", None)
         if loaded is not None:  # the modelled replica's version follows (no load: nothing stalls)
-            loaded(int(global_steps), in_flight=False)
+            loaded(global_steps, in_flight=False)
 
     # ---- cores ------------------------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ def caller_request_id(engine_request_id: str) -> str:
 
 @dataclass
 class WeightLoad:
-    version: int
+    version: float  # a fraction of a step when the trainer loads after each minibatch update
     # per request (the caller's id): tokens it had sampled when the load ran; a request the engine had not
     # scheduled yet is absent, and so is one that ended before the previous load
     sampled_before: dict[str, int]

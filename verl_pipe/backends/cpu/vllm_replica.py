@@ -102,10 +102,10 @@ class CPUvLLMHttpServer(vLLMHttpServer):
             )
         self._in_flight = InFlightLoads(self.global_steps) if enabled else None
 
-    async def expect_weights(self, version: int) -> None:
+    async def expect_weights(self, version: float) -> None:
         """The version the next weight load brings (vLLM's weight RPC carries none); the trainer says it first."""
         if self._in_flight is not None:
-            self._in_flight.expected = int(version)
+            self._in_flight.expected = version  # a fraction of a step after a minibatch update
 
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         loads = self._in_flight
