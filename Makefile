@@ -79,7 +79,7 @@ dry-run: install
 test: install
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
-# Our pipelined trainers vs verl's sync and separate_async modes on a simulated GPU cluster (about 17 min on 2 cores).
+# Our pipelined trainers vs verl's sync and separate_async modes on a simulated GPU cluster (about 21 min on 2 cores).
 bench: $(call deps_for,$(BENCH_ROLLOUT))
 	$(call bin_for,$(BENCH_ROLLOUT))/verl-pipe bench pipeline --rollout $(BENCH_ROLLOUT) \
 	  --out runs/bench_pipeline.json $(ARGS)

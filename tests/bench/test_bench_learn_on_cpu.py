@@ -18,6 +18,7 @@ from verl_pipe.bench.learn import (
     cluster_step_seconds,
     compare_runs,
     format_report,
+    pricing_schedules,
     steps_to_target,
 )
 from verl_pipe.cli import build_parser
@@ -166,4 +167,13 @@ def test_every_trainer_mode_is_priced_by_a_pipeline_schedule():
     for mode, schedule in MODE_SCHEDULES.items():
         assert SCHEDULES[schedule].trainer_mode == mode and not SCHEDULES[schedule].extra_overrides
     assert LearnBenchConfig(rollout="vllm").engine == "vllm"  # every mode, in_flight_pipeline's loads included
+    # on vLLM, whose loads stall its engine, in_flight_pipeline loads once a step: the schedule that prices that
+    on_vllm = pricing_schedules("vllm")
+    assert on_vllm["in_flight_pipeline"] == "in_flight_pipeline_stalling" != pricing_schedules("hf")["in_flight_pipeline"]
+    stalling = SCHEDULES[on_vllm["in_flight_pipeline"]]
+    assert stalling.trainer_mode == "in_flight_pipeline" and not stalling.staged_loads
+    assert stalling.extra_overrides == ("+trainer.v1.in_flight_pipeline.load_every_update=false",)  # vLLM's default
+    assert {m: s for m, s in on_vllm.items() if m != "in_flight_pipeline"} == {
+        m: s for m, s in MODE_SCHEDULES.items() if m != "in_flight_pipeline"
+    }
     LearnBenchConfig().validate()  # the defaults are a valid bench

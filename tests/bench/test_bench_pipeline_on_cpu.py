@@ -101,24 +101,27 @@ def test_config_errors_name_the_problem():
         BenchConfig(replica_batches=0).validate()
 
 
+UNIT_S = 3.0  # the suite's run: one batch's modelled generation, in wall seconds
+
+
 @pytest.mark.timeout(900)
 def test_one_off_beats_the_reward_after_generation_baseline(tmp_path, ray_cluster):
-    """Three real schedules through the CLI on the session's Ray cluster: the table, the JSON, a speed-up well clear
-    of 1 (the full benchmark and its targets are `make bench`), and in_flight_pipeline's in-flight loads priced by
-    the latency model (its overriding weight sync broke there once, unseen by the suite: f8c4379)."""
+    """Two of our schedules through the CLI on the session's Ray cluster: the table, the JSON, one-off well clear of
+    the serial baseline (the full benchmark, with verl's schedules measured beside ours, is `make bench`), and
+    in_flight_pipeline's in-flight loads priced by the latency model (its overriding weight sync broke there once,
+    unseen by the suite: f8c4379). The baseline is not launched here (a minute of the suite): on the modelled
+    cluster it takes the sum of the profile's phases, at least (its reward-after hook has a test of its own,
+    ``test_reward_after_generation_is_spent_on_the_trainers_path``); `make bench` measured it 8% above that sum."""
     out = tmp_path / "bench.json"
     argv = [os.path.join(os.path.dirname(sys.executable), "verl-pipe"), "bench", "pipeline", "--profiles", "coding",
-            "--schedules", "verl_sync_reward_after,one_off_pipeline,in_flight_pipeline", "--steps", "1",
-            "--unit-s", "3", "--out-dir", str(tmp_path / "runs"), "--out", str(out),
-            "--ray-address", ray_cluster]  # fmt: skip
+            "--schedules", "one_off_pipeline,in_flight_pipeline", "--steps", "1", "--unit-s", str(UNIT_S),
+            "--out-dir", str(tmp_path / "runs"), "--out", str(out), "--ray-address", ray_cluster]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "one_off_pipeline vs verl_sync_reward_after" in proc.stdout
     assert "in_flight_pipeline sampler busy" in proc.stdout
     report = json.loads(out.read_text())
     runs = {r["schedule"]: r for r in report["runs"]}
-    assert set(runs) == {"verl_sync_reward_after", "one_off_pipeline", "in_flight_pipeline"}
-    assert runs["verl_sync_reward_after"]["reward_after_s"] > 0.5 * 3 * 0.9  # the modelled late reward was spent
+    assert set(runs) == {"one_off_pipeline", "in_flight_pipeline"}
     assert runs["one_off_pipeline"]["reward_hidden_frac"] > 0.5
     # each measured step's sync went out when the batch had generated, not when its last (modelled) reward landed
     assert runs["one_off_pipeline"]["syncs_before_last_reward"] > 0.5
@@ -126,13 +129,15 @@ def test_one_off_beats_the_reward_after_generation_baseline(tmp_path, ray_cluste
     assert all(run["modelled_tokens_defaulted"] == 0 for run in runs.values())
     # the sampler lane comes from the modelled replica for every schedule
     assert all(run["sampler_idle_frac"] is not None for run in runs.values())
-    assert report["comparison"]["coding"]["speedup"]["one_off_pipeline"]["verl_sync_reward_after"] > 1.5
+    coding = PROFILES["coding"]
+    serial_s = UNIT_S * (1.0 + coding.reward + coding.train + coding.sync)  # generate, score, train, sync in turn
+    assert serial_s / runs["one_off_pipeline"]["step_s"] > 1.4, runs["one_off_pipeline"]["step_s_each"]
     # in flight: the step trained tokens the modelled replica decoded a version back and none further, nothing was
-    # dropped, and the run was priced (its loads stalled the modelled replica instead of failing the run)
+    # dropped, and the run was priced (its loads reached the modelled replica instead of failing the run)
     in_flight = runs["in_flight_pipeline"]
     assert 0 < in_flight["token_lag_mean"] <= in_flight["token_lag_max"] == 1
     assert in_flight["dropped_groups"] == 0
-    assert in_flight["step_s"] < runs["verl_sync_reward_after"]["step_s"]
+    assert serial_s / in_flight["step_s"] > 1.4
     # and, on the hf server, the first of each step's two updates reached the sampler too (staged: a fraction of a
     # version, v_{k-1} + 1/2, which every tag, the token lag and the lag bound carried through)
     assert in_flight["update_loads_sent"] >= 1

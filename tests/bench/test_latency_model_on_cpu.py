@@ -246,3 +246,31 @@ def test_negative_control_padding_after_the_sync_lets_aborted_requests_decode_th
     timeline = _aborting_sync_timeline(padded_update_weights, None)
     assert timeline["returned s"] >= 0.95 * model.wall(model.sync_s), timeline
     assert timeline["gate opened s"] < 0.5 * model.wall(model.sync_s), timeline
+
+
+def test_reward_after_generation_is_spent_on_the_trainers_path(monkeypatch):
+    """The thesis' baseline (``verl_sync_reward_after``): a batch's whole reward time is spent when it leaves the
+    sampler, before verl balances it, ``reward_workers`` samples at a time (padding scores nothing). The control:
+    with the reward streamed (every other schedule) the same call spends nothing."""
+    import time
+    from types import SimpleNamespace
+
+    import verl.trainer.ppo.v1.trainer_base as trainer_base
+    from verl_pipe.bench import latency_hooks
+
+    balanced = []
+    monkeypatch.setattr(trainer_base.PPOTrainer, "_balance_batch", lambda self, batch, metrics: balanced.append(batch))
+    latency_hooks._patch_balance_batch()  # wraps the stand-in; monkeypatch restores verl's method after the test
+    batch = SimpleNamespace(tags=[{}] * 8 + [{"is_padding": True}] * 2)
+    spent = {}
+    for after in (True, False):
+        model = LatencyModel(time_scale=0.01, reward_s=5.0, reward_workers=4, reward_after_generation=after)
+        monkeypatch.setenv(LATENCY_MODEL_ENV, model.to_json())
+        metrics: dict = {}
+        started = time.monotonic()
+        trainer_base.PPOTrainer._balance_batch(None, batch, metrics)
+        spent[after] = (time.monotonic() - started, metrics.get("bench/reward_after_generation_s"))
+    wall = LatencyModel(time_scale=0.01).wall(2 * 5.0)  # 8 samples on 4 workers: two rounds of 5 modelled s
+    assert spent[True][0] >= 0.95 * wall and spent[True][1] == pytest.approx(wall, rel=0.3)
+    assert spent[False][0] < 0.5 * wall and spent[False][1] is None
+    assert len(balanced) == 2  # verl's balancing ran after it both times

@@ -39,6 +39,17 @@ MODE_SCHEDULES = {
     "in_flight_pipeline": "in_flight_pipeline",
 }
 BASELINE_MODE = "sync"
+# Only the hf server receives in-flight loads beside decoding (staged); on vLLM the mode loads once a step and each
+# load stalls the engine, which the benchmark prices as its own schedule.
+STALLING_SCHEDULES = {"in_flight_pipeline": "in_flight_pipeline_stalling"}
+
+
+def pricing_schedules(engine: str) -> dict[str, str]:
+    """Each trainer mode and the benchmark schedule that prices its step on ``engine``'s rollout."""
+    if engine == "hf":
+        return dict(MODE_SCHEDULES)
+    return {mode: STALLING_SCHEDULES.get(mode, schedule) for mode, schedule in MODE_SCHEDULES.items()}
+
 FUNCTIONS = DATASETS["functions"]  # the task's defaults, as `verl-pipe quickstart --data functions` runs it
 
 
@@ -63,12 +74,14 @@ def steps_to_target(validations: list[Validation], target: float) -> Optional[in
                 None)  # fmt: skip
 
 
-def cluster_step_seconds(pipeline_report: dict[str, Any], profile: str = "coding") -> dict[str, float]:
+def cluster_step_seconds(
+    pipeline_report: dict[str, Any], profile: str = "coding", engine: str = "hf"
+) -> dict[str, float]:
     """Each trainer mode's step time on the modelled cluster, from a ``bench pipeline`` report: the benchmark's
     step time (wall seconds under the latency model) divided by the model's time scale (wall s per cluster s)."""
     scale = pipeline_report["latency_models"][profile]["time_scale"]
     by_schedule = {r["schedule"]: r["step_s"] for r in pipeline_report["runs"] if r["profile"] == profile}
-    return {mode: by_schedule[s] / scale for mode, s in MODE_SCHEDULES.items() if s in by_schedule}
+    return {mode: by_schedule[s] / scale for mode, s in pricing_schedules(engine).items() if s in by_schedule}
 
 
 @dataclass
@@ -177,7 +190,7 @@ def price_steps(cfg: LearnBenchConfig, out_dir: str, address: str, progress: Cal
             return json.load(fh)
     from verl_pipe.bench.pipeline import BenchConfig, run_bench
 
-    schedules = tuple(MODE_SCHEDULES[m] for m in cfg.modes)
+    schedules = tuple(pricing_schedules(cfg.engine)[m] for m in cfg.modes)
     progress(f"pricing the steps: bench pipeline, coding profile, {', '.join(schedules)}")
     bench = BenchConfig(profiles=("coding",), schedules=schedules, ray_address=address,
                         out_dir=os.path.join(out_dir, "pipeline"))  # fmt: skip
@@ -220,12 +233,12 @@ def run_learn_bench(cfg: LearnBenchConfig, progress: Callable[[str], None] = pri
     head = contextlib.nullcontext(cfg.ray_address) if cfg.ray_address else local_ray_head(num_cpus=16)
     with head as address:
         report = price_steps(cfg, out_dir, address, progress)
-        seconds = cluster_step_seconds(report)
+        seconds = cluster_step_seconds(report, engine=cfg.engine)
         unpriced = [m for m in modes if m not in seconds]
         if unpriced:  # before an hour of training, not after it
             raise ValueError(
                 f"the pipeline report has no coding-profile step time for {unpriced} (schedules "
-                f"{[MODE_SCHEDULES[m] for m in unpriced]}): run `verl-pipe bench pipeline --profiles coding` with "
+                f"{[pricing_schedules(cfg.engine)[m] for m in unpriced]}): run `verl-pipe bench pipeline --profiles coding` with "
                 "them, or leave out --pipeline-report"
             )
         before: Optional[Validation] = None  # the untrained model's greedy answers
