@@ -48,7 +48,7 @@ class PipelineConfig:
     # allows, across step boundaries; the replicas queue what they cannot run.
     max_in_flight_prompts: Optional[int] = None
     # in_flight_pipeline only. Also load the weights of each minibatch update into the sampler, not only the step's
-    # last (versions then advance by a fraction of a step; a load is skipped while a group due at this step still
+    # last (versions then advance by a fraction of a step; a load waits while a group due at this step still
     # generates, so no token is sampled by weights newer than the pi_old it trains against). Each load costs the
     # trainer a sync. None: on for the hf rollout, whose server receives the weights beside decoding; off for vLLM,
     # whose weight RPC holds the engine for the whole transfer (each load would stall the sampler).

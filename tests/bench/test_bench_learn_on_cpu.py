@@ -169,7 +169,8 @@ def test_every_trainer_mode_is_priced_by_a_pipeline_schedule():
     assert LearnBenchConfig(rollout="vllm").engine == "vllm"  # every mode, in_flight_pipeline's loads included
     # on vLLM, whose loads stall its engine, in_flight_pipeline loads once a step: the schedule that prices that
     on_vllm = pricing_schedules("vllm")
-    assert on_vllm["in_flight_pipeline"] == "in_flight_pipeline_stalling" != pricing_schedules("hf")["in_flight_pipeline"]
+    assert on_vllm["in_flight_pipeline"] == "in_flight_pipeline_stalling"
+    assert pricing_schedules("hf")["in_flight_pipeline"] == "in_flight_pipeline"
     stalling = SCHEDULES[on_vllm["in_flight_pipeline"]]
     assert stalling.trainer_mode == "in_flight_pipeline" and not stalling.staged_loads
     assert stalling.extra_overrides == ("+trainer.v1.in_flight_pipeline.load_every_update=false",)  # vLLM's default

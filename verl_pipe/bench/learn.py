@@ -236,9 +236,10 @@ def run_learn_bench(cfg: LearnBenchConfig, progress: Callable[[str], None] = pri
         seconds = cluster_step_seconds(report, engine=cfg.engine)
         unpriced = [m for m in modes if m not in seconds]
         if unpriced:  # before an hour of training, not after it
+            schedules = pricing_schedules(cfg.engine)
             raise ValueError(
                 f"the pipeline report has no coding-profile step time for {unpriced} (schedules "
-                f"{[pricing_schedules(cfg.engine)[m] for m in unpriced]}): run `verl-pipe bench pipeline --profiles coding` with "
+                f"{[schedules[m] for m in unpriced]}): run `verl-pipe bench pipeline --profiles coding` with "
                 "them, or leave out --pipeline-report"
             )
         before: Optional[Validation] = None  # the untrained model's greedy answers
