@@ -227,10 +227,13 @@ class InFlightPipelineTrainer(PipelinedTrainer):
     def _step_once(self, metrics, timing_raw, sample_batch_size):
         batch = super()._step_once(metrics, timing_raw, sample_batch_size)
         if self.load_every_update and self.local_trigger_step < self.parameter_sync_step - 1:
-            # the weights after update m of the step's M: v_{k-1} + m / M
-            self._unsent_update = (self.global_steps - 1) + (self.local_trigger_step + 1) / self.parameter_sync_step
+            self._unsent_update = self._version_after_update()
             self._load_update()
         return batch
+
+    def _version_after_update(self) -> float:
+        """The trainer's weights after this minibatch update: v_{k-1} + m / M after the m-th of a step's M."""
+        return (self.global_steps - 1) + (self.local_trigger_step + 1) / self.parameter_sync_step
 
     def _load_update(self, inside_gen_timer: bool = False) -> None:
         """Send the latest minibatch update's weights to the sampler, once no group due at this step generates (it

@@ -164,7 +164,7 @@ def _trainer_after_update(buffer, update: int, updates: int = 2, step: int = 2):
     trainer.replay_buffer, trainer.global_steps = buffer, step
     trainer.local_trigger_step, trainer.parameter_sync_step = update, updates
     trainer._update_loads = {"sent": 0, "skipped": 0}
-    trainer._unsent_update = (step - 1) + (update + 1) / updates  # what _step_once sets after the update
+    trainer._unsent_update = trainer._version_after_update()  # what _step_once sets after the update
     trainer._sync_weights = _Loads()
     return trainer
 

@@ -29,8 +29,8 @@ from typing import Any, Callable, Optional
 from verl_pipe.quickstart import DATASETS
 from verl_pipe.run_metrics import Validation, validations_from_verl_log
 
-# Each trainer mode and the pipeline benchmark's schedule that prices its step (sync with the streaming reward,
-# as the quickstart runs it).
+# Each trainer mode and the pipeline benchmark's schedule that prices its step on the hf rollout (sync with the
+# streaming reward, as the quickstart runs it).
 MODE_SCHEDULES = {
     "sync": "verl_sync",
     "separate_async": "verl_separate_async",
@@ -39,6 +39,9 @@ MODE_SCHEDULES = {
     "in_flight_pipeline": "in_flight_pipeline",
 }
 BASELINE_MODE = "sync"
+FUNCTIONS = DATASETS["functions"]  # the task's defaults, as `verl-pipe quickstart --data functions` runs it
+
+
 # Only the hf server receives in-flight loads beside decoding (staged); on vLLM the mode loads once a step and each
 # load stalls the engine, which the benchmark prices as its own schedule.
 STALLING_SCHEDULES = {"in_flight_pipeline": "in_flight_pipeline_stalling"}
@@ -49,8 +52,6 @@ def pricing_schedules(engine: str) -> dict[str, str]:
     if engine == "hf":
         return dict(MODE_SCHEDULES)
     return {mode: STALLING_SCHEDULES.get(mode, schedule) for mode, schedule in MODE_SCHEDULES.items()}
-
-FUNCTIONS = DATASETS["functions"]  # the task's defaults, as `verl-pipe quickstart --data functions` runs it
 
 
 @dataclass

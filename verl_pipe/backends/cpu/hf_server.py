@@ -110,7 +110,7 @@ class HFRolloutServer:
         pad_id = getattr(tokenizer, "pad_token_id", None)
         self.generator = BatchedGenerator(self.model, sorted(eos_ids), pad_id if pad_id is not None else min(eos_ids))
 
-        self.global_steps: Optional[int] = None
+        self.global_steps: Optional[float] = None
         self._queue: list[_Pending] = []
         self._queue_event = asyncio.Event()
         self._engine_lock = asyncio.Lock()  # held by a running batch and by weight updates
@@ -120,7 +120,7 @@ class HFRolloutServer:
         self._rejecting = False
         self._staged_weights: dict[str, torch.Tensor] = {}
         # An update waiting for the running batch's next decode step: (global_steps, its waiter).
-        self._in_flight_update: Optional[tuple[Optional[int], asyncio.Future]] = None
+        self._in_flight_update: Optional[tuple[Optional[float], asyncio.Future]] = None
         # Where a sync's weights load when its caller does not say: set by a trainer mode that never drains the
         # sampler (``set_in_flight_updates``); verl's adapters call ``finish_weight_update`` without the flag.
         self.in_flight_updates = False
@@ -223,7 +223,7 @@ class HFRolloutServer:
         """Generate for real; the answer comes back when the timing's replica says the request ends."""
         if self._replica_timing is None:
             self._replica_timing = timing.replica()
-        generated_by: list[Optional[int]] = []
+        generated_by: list[Optional[float]] = []
 
         async def generate() -> GenerationResult:
             result = await self._run(request)
@@ -266,7 +266,7 @@ class HFRolloutServer:
                     # Called from the decode thread; the future belongs to the event loop.
                     loop.call_soon_threadsafe(_resolve, batch[index].future, result)
 
-                def policy_version() -> Optional[int]:
+                def policy_version() -> Optional[float]:
                     # Called from the decode thread before every forward pass: an in-flight update loads here, and
                     # lent threads apply here (torch's thread count is per calling thread once that thread has run).
                     self._take_in_flight_update(loop)
@@ -316,7 +316,7 @@ class HFRolloutServer:
         self.in_flight_updates = bool(enabled)
 
     async def finish_weight_update(
-        self, global_steps: Optional[int] = None, between_decode_steps: Optional[bool] = None
+        self, global_steps: Optional[float] = None, between_decode_steps: Optional[bool] = None
     ) -> dict[str, Any]:
         """Apply the staged weights and record the policy version they represent.
 
@@ -351,7 +351,7 @@ class HFRolloutServer:
         async with self._engine_lock:
             return self._apply_staged_weights(global_steps)
 
-    def _apply_staged_weights(self, global_steps: Optional[int]) -> dict[str, Any]:
+    def _apply_staged_weights(self, global_steps: Optional[float]) -> dict[str, Any]:
         """Copy the staged weights into the model (whoever holds the engine: the lock holder or the decode thread)."""
         # state_dict keeps every name of a tied tensor (lm_head.weight and embed_tokens.weight).
         params = self.model.state_dict(keep_vars=True)
@@ -389,7 +389,7 @@ class HFRolloutServer:
             return
         loop.call_soon_threadsafe(_resolve, applied, result)
 
-    async def set_global_steps(self, global_steps: int) -> None:
+    async def set_global_steps(self, global_steps: float) -> None:
         self.global_steps = global_steps
         loaded = getattr(self._replica_timing, "weights_loaded", None)
         if loaded is not None:  # the modelled replica's version follows (no load: nothing stalls)

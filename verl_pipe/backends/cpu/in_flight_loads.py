@@ -33,8 +33,8 @@ class WeightLoad:
 
 
 def token_versions(
-    request_id: str, num_tokens: int, version_at_submission: Optional[int], loads: list[WeightLoad]
-) -> list[Optional[int]]:
+    request_id: str, num_tokens: int, version_at_submission: Optional[float], loads: list[WeightLoad]
+) -> list[Optional[float]]:
     """The version of each of an answer's tokens, from the loads that ran after it was submitted (in order)."""
     versions = [version_at_submission] * num_tokens
     scheduled = False
@@ -49,7 +49,7 @@ def token_versions(
     return versions
 
 
-def version_tags(versions: list[Optional[int]], current: Optional[int]) -> dict[str, Any]:
+def version_tags(versions: list[Optional[float]], current: Optional[float]) -> dict[str, Any]:
     """verl's version tags of an answer: ``global_steps`` the freshest version that sampled it (``current`` for an
     answer without tokens), ``min_``/``max_global_steps`` the range, and ``token_versions`` when they differ."""
     known = [v for v in versions if v is not None]  # None: sampled before the server's first versioned load
@@ -65,16 +65,16 @@ def version_tags(versions: list[Optional[int]], current: Optional[int]) -> dict[
 class InFlightLoads:
     """A vLLM server's record of the weight loads that ran while requests were in flight (its event loop only)."""
 
-    def __init__(self, version: Optional[int]):
+    def __init__(self, version: Optional[float]):
         self.version = version  # of the weights loaded now
-        self.expected: Optional[int] = None  # of the weights the next load brings (the trainer says so first)
+        self.expected: Optional[float] = None  # of the weights the next load brings (the trainer says so first)
         # a few ints per running request per sync: a run keeps them all (an answer's replay starts at its mark)
         self.loads: list[WeightLoad] = []
         self._loading = 0
         self._settled = asyncio.Event()
         self._settled.set()
 
-    def mark(self) -> tuple[int, Optional[int]]:
+    def mark(self) -> tuple[int, Optional[float]]:
         """Where a request starts: the loads after this point may fall inside it, on top of this version."""
         return len(self.loads), self.version
 
@@ -102,8 +102,8 @@ class InFlightLoads:
         self.version, self.expected = self.expected, None
 
     async def versions(
-        self, request_id: str, num_tokens: int, mark: tuple[int, Optional[int]]
-    ) -> list[Optional[int]]:
+        self, request_id: str, num_tokens: int, mark: tuple[int, Optional[float]]
+    ) -> list[Optional[float]]:
         await self._settled.wait()
         first_load, version = mark
         return token_versions(request_id, num_tokens, version, self.loads[first_load:])
