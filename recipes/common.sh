@@ -39,9 +39,9 @@ recipe_require_int() {  # NAME VALUE: a positive whole number, or stop naming th
 
 # Fills LAYOUT_ARGS from TRAINER_MODE, NNODES, GPUS_PER_NODE and TRAINER_GPUS.
 #   sync: verl V1's synchronous trainer with the hybrid engine; every GPU trains and samples in turn.
-#   one_off_pipeline / minibatch_pipeline: TRAINER_GPUS train, the rest sample. The split takes whole nodes when
-#   TRAINER_GPUS is a multiple of GPUS_PER_NODE (cross-node FSDP traffic stays within the trainer nodes), else the
-#   same share of every node (as the original verl-pipe's n_training_gpus_per_node did).
+#   one_off_pipeline / minibatch_pipeline / in_flight_pipeline: TRAINER_GPUS train, the rest sample. The split
+#   takes whole nodes when TRAINER_GPUS is a multiple of GPUS_PER_NODE (cross-node FSDP traffic stays within the
+#   trainer nodes), else the same share of every node (as the original verl-pipe's n_training_gpus_per_node did).
 recipe_layout() {
     recipe_require_int NNODES "$NNODES"
     recipe_require_int GPUS_PER_NODE "$GPUS_PER_NODE"
@@ -56,7 +56,7 @@ recipe_layout() {
                 trainer.n_gpus_per_node="$GPUS_PER_NODE"
             )
             ;;
-        one_off_pipeline | minibatch_pipeline)
+        one_off_pipeline | minibatch_pipeline | in_flight_pipeline)
             TRAINER_GPUS=${TRAINER_GPUS:-$((total / 2))}
             recipe_require_int TRAINER_GPUS "$TRAINER_GPUS"
             ((TRAINER_GPUS < total)) ||
@@ -80,7 +80,8 @@ recipe_layout() {
                 actor_rollout_ref.rollout.n_gpus_per_node="$s_gpn"
             )
             ;;
-        *) recipe_die "TRAINER_MODE=$TRAINER_MODE: use one_off_pipeline (default), minibatch_pipeline or sync" ;;
+        *) recipe_die "TRAINER_MODE=$TRAINER_MODE: use one_off_pipeline (default), minibatch_pipeline," \
+            "in_flight_pipeline or sync" ;;
     esac
 }
 

@@ -11,7 +11,8 @@ set -euo pipefail
 MODEL=${MODEL:-smollm2}            # smollm2 | tiny | path to an HF model folder
 STEPS=${STEPS:-5}
 RANKS=${RANKS:-1}                  # trainer ranks (gloo); in sync mode each is also one hf rollout replica
-MODE=${MODE:-sync}                 # sync | separate_async | one_off_pipeline | minibatch_pipeline | in_flight_pipeline
+MODE=${MODE:-}                     # unset (sync) | separate_async | one_off_pipeline | minibatch_pipeline
+                                   # | in_flight_pipeline
 OUT_DIR=${OUT_DIR:-runs/quickstart_cpu-$(date +%Y%m%d-%H%M%S)}
 
 export VERL_PLATFORM=cpu
@@ -25,15 +26,20 @@ recipe_require_python "$PYTHON"
 
 # DRY_RUN=1 (or json): compose and validate the run's verl config against verl's schema, then print it; builds and
 # starts nothing. Arguments are then hydra overrides only; the quickstart reads a trainer.v1.trainer_mode override
-# as its mode, as --mode.
+# (or a +verl_pipe_trainer=<mode> preset) as its mode, as --mode.
 if [[ "${DRY_RUN:-0}" != 0 ]]; then
     json=()
     [[ "$DRY_RUN" == json ]] && json=(--json)
+    mode=()
+    [[ -n "$MODE" ]] && mode=(trainer.v1.trainer_mode="$MODE")
     exec "$PYTHON" -m verl_pipe.recipe_check dry-run-quickstart "${json[@]}" --model "$MODEL" --steps "$STEPS" \
-        --ranks "$RANKS" -- trainer.v1.trainer_mode="$MODE" "$@"
+        --ranks "$RANKS" -- "${mode[@]}" "$@"
 fi
 
 # The same run as `verl-pipe quickstart`: it builds the model folder and the parquet files, then launches
 # `python -m verl.trainer.main_ppo` with the CPU-backend overrides, prints a line per step and draws the curves.
-exec "$PYTHON" -m verl_pipe.cli quickstart --model "$MODEL" --steps "$STEPS" --ranks "$RANKS" --mode "$MODE" \
+# MODE, when set, is --mode: the quickstart refuses a mode override or preset among the arguments that disagrees.
+mode=()
+[[ -n "$MODE" ]] && mode=(--mode "$MODE")
+exec "$PYTHON" -m verl_pipe.cli quickstart --model "$MODEL" --steps "$STEPS" --ranks "$RANKS" "${mode[@]}" \
     --out-dir "$OUT_DIR" "$@"

@@ -110,6 +110,79 @@ def test_a_mode_override_is_read_as_the_mode():
     assert composed.actor_rollout_ref.rollout.checkpoint_engine.backend == "gloo"
 
 
+def _quickstart_cli(*argv: str) -> QuickstartConfig:
+    """The config `make demo ARGS="..."` gives `verl-pipe quickstart`, built as the command builds it."""
+    from verl_pipe.cli import quickstart_config
+
+    return quickstart_config(build_parser().parse_args(["quickstart", *argv]))
+
+
+# Every documented way to choose a mode on the quickstart's command line (README, docs/pipeline.md, the presets).
+MODE_CHOICES = {
+    "--mode": lambda mode: (f"--mode={mode}",),
+    "mode key": lambda mode: (f"trainer.v1.trainer_mode={mode}",),
+    "preset": lambda mode: (f"+verl_pipe_trainer={mode}",),
+    "--mode and the same mode key": lambda mode: (f"--mode={mode}", f"trainer.v1.trainer_mode={mode}"),
+    "--mode and the same preset": lambda mode: (f"--mode={mode}", f"+verl_pipe_trainer={mode}"),
+}
+PRESET_MODES = ("one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline")
+
+
+@pytest.mark.parametrize(
+    "way, mode",
+    # verl's own modes have no +verl_pipe_trainer preset (that is refused, below)
+    [(way, mode) for way in MODE_CHOICES for mode in MODE_LAYOUT if "preset" not in way or mode in PRESET_MODES],
+)
+def test_every_way_to_name_a_mode_runs_that_mode(way, mode):
+    """``make demo ARGS="+verl_pipe_trainer=one_off_pipeline"`` once ran ``sync``: the quickstart's own mode key (its
+    default, sync) came after the preset and won, silently. Each way must reach verl's config as that mode."""
+    cfg = _quickstart_cli(*MODE_CHOICES[way](mode))
+    cfg.validate()
+    assert cfg.mode == mode
+    separate, engine = MODE_LAYOUT[mode]
+    composed = _compose(_overrides(cfg))
+    assert composed.trainer.v1.trainer_mode == mode
+    assert composed.actor_rollout_ref.hybrid_engine is not separate
+    assert composed.actor_rollout_ref.rollout.checkpoint_engine.backend == engine
+
+
+def test_the_mode_preset_is_found_with_verls_own_grpo_too():
+    """The preset lives on verl-pipe's hydra search path, which the quickstart once added only with GRPO+."""
+    cfg = _quickstart_cli("--algorithm", "grpo", "+verl_pipe_trainer=minibatch_pipeline")
+    cfg.validate()
+    composed = _compose(_overrides(cfg))
+    assert composed.trainer.v1.trainer_mode == "minibatch_pipeline" and composed.algorithm.adv_estimator == "grpo"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--mode=sync", "+verl_pipe_trainer=one_off_pipeline"),
+         "--mode sync and the override +verl_pipe_trainer=one_off_pipeline disagree: give the mode once, as --mode"),
+        (("--mode=sync", "trainer.v1.trainer_mode=in_flight_pipeline"),
+         "--mode sync and the override trainer.v1.trainer_mode=in_flight_pipeline disagree"),
+        (("+verl_pipe_trainer=one_off_pipeline", "trainer.v1.trainer_mode=minibatch_pipeline"),
+         "the override +verl_pipe_trainer=one_off_pipeline and the override trainer.v1.trainer_mode=minibatch_pipeline "
+         "disagree"),
+        (("+verl_pipe_trainer=separate_async",),
+         "+verl_pipe_trainer=separate_async: there is no such preset; +verl_pipe_trainer= takes in_flight_pipeline, "
+         "minibatch_pipeline, one_off_pipeline (verl's own modes: --mode sync / separate_async)"),
+        (("--mode=one_off_pipeline", "trainer.v1.trainer_mode=colocate_async"),
+         "--mode one_off_pipeline and the override trainer.v1.trainer_mode=colocate_async disagree"),
+    ],
+)  # fmt: skip
+def test_modes_that_disagree_are_refused_naming_both(argv, message):
+    with pytest.raises(SetupError, match=re.escape(message)):
+        _quickstart_cli(*argv).validate()
+
+
+def test_a_mode_outside_the_table_passes_through_to_verl():
+    """verl's colocate_async has no entry in the quickstart's table: it reaches verl with colocated pools."""
+    cfg = _quickstart_cli("trainer.v1.trainer_mode=colocate_async")
+    cfg.validate()
+    assert cfg.mode == "sync" and _compose(_overrides(cfg)).trainer.v1.trainer_mode == "colocate_async"
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

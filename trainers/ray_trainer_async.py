@@ -50,6 +50,7 @@ class OneOffPipelineTrainer(PipelinedTrainer):
         with open_dict(config):
             config.trainer.v1[self.MODE][CONFIG_KEY] = self._generation.name
         self._syncs_before_last_reward = 0
+        self._schedule_started = False  # on_train_begin starts it; verl may validate before that
 
     def parameter_sync_step_for(self, config) -> int:
         # The whole batch is one verl update (ppo_mini_batch_size minibatches inside update_actor).
@@ -79,6 +80,7 @@ class OneOffPipelineTrainer(PipelinedTrainer):
         restored_batches = self._restored_tq_prompt_count // self.config.data.train_batch_size
         self._next_batch = self.global_steps + restored_batches
         self._resumed_at = self.global_steps if self._restored_tq_prompt_count else None
+        self._schedule_started = True
         self._submit_ready_batches(up_to=self.global_steps)  # the sample-only batch
 
     def prepare_step(self) -> dict:
@@ -151,6 +153,11 @@ class OneOffPipelineTrainer(PipelinedTrainer):
         return False
 
     def on_validate_begin(self):
+        if not self._schedule_started:
+            # verl validates before on_train_begin (trainer.val_before_train): on_init_end has synced the loaded
+            # weights and nothing is submitted yet; a resumed run's restored prompts are re-issued only after this
+            # validation, so waiting for an idle sampler here would wait for them forever.
+            return super().on_validate_begin()
         # Validation runs on the sampler pool: it must see the newest weights.
         self._phase("wait for samples")  # drawn on the timeline; the step's metrics are closed by now
         self._wait_sampler_idle()

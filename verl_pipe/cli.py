@@ -25,12 +25,18 @@ from dataclasses import fields
 from verl_pipe.compat import SetupError, exit_on_setup_error
 
 
-def _quickstart(args: argparse.Namespace) -> int:
-    from verl_pipe.quickstart import QuickstartConfig, run
+def quickstart_config(args: argparse.Namespace):
+    """The QuickstartConfig of ``verl-pipe quickstart``'s parsed flags: a flag not given keeps the config's default."""
+    from verl_pipe.quickstart import QuickstartConfig
 
-    known = {f.name for f in fields(QuickstartConfig)}
-    cfg = QuickstartConfig(**{k: v for k, v in vars(args).items() if k in known and v is not None})
-    return run(cfg)
+    known = {f.name for f in fields(QuickstartConfig) if f.init}
+    return QuickstartConfig(**{k: v for k, v in vars(args).items() if k in known and v is not None})
+
+
+def _quickstart(args: argparse.Namespace) -> int:
+    from verl_pipe.quickstart import run
+
+    return run(quickstart_config(args))
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -185,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument(
         "--mode",
         choices=list(TRAINER_MODES),
-        help="V1 trainer mode (default sync); sets its pools and weight sync on the CPU backend (see below)",
+        help="V1 trainer mode (default: the mode an override or +verl_pipe_trainer preset names, else sync); "
+        "sets its pools and weight sync on the CPU backend (see below)",
     )
     qs.add_argument(
         "--rollout",

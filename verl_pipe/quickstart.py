@@ -52,8 +52,10 @@ DATASETS: dict[str, DataDefaults] = {
     ),
     "embedded": DataDefaults(max_prompt_length=512, max_response_length=192, temperature=1.0, lr=2e-6),
 }
+# Where hydra finds verl-pipe's presets: +verl_pipe=grpo_plus and +verl_pipe_trainer=<mode> (verl_pipe/config/).
+PRESET_SEARCHPATH = "hydra.searchpath=[pkg://verl_pipe.config]"
 # The one-line way to turn GRPO+ on in any verl command (verl_pipe/config/verl_pipe/grpo_plus.yaml).
-GRPO_PLUS_PRESET = ["hydra.searchpath=[pkg://verl_pipe.config]", "+verl_pipe=grpo_plus"]
+GRPO_PLUS_PRESET = [PRESET_SEARCHPATH, "+verl_pipe=grpo_plus"]
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,26 @@ TRAINER_MODES: dict[str, TrainerMode] = {
     )
 }
 _MODE_KEY = "trainer.v1.trainer_mode"
+# +verl_pipe_trainer=<mode>: the preset that switches any verl command line to one of our modes (its YAML files).
+MODE_PRESET_GROUP = "verl_pipe_trainer"
 _ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
+
+
+def mode_presets() -> tuple[str, ...]:
+    """The modes that have a ``+verl_pipe_trainer=<mode>`` preset (verl_pipe/config/verl_pipe_trainer/*.yaml)."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", MODE_PRESET_GROUP)
+    return tuple(sorted(name[: -len(".yaml")] for name in os.listdir(folder) if name.endswith(".yaml")))
+
+
+def modes_named_in(overrides: list[str]) -> list[tuple[str, str, bool]]:
+    """Each trainer mode the hydra overrides choose, as (mode, the override that chooses it, whether it is the
+    preset): the mode key ``trainer.v1.trainer_mode=<mode>`` and the preset ``+verl_pipe_trainer=<mode>``."""
+    named = []
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        if key in (_MODE_KEY, MODE_PRESET_GROUP):
+            named.append((value, override, key == MODE_PRESET_GROUP))
+    return named
 
 
 @dataclass
@@ -112,8 +133,9 @@ class QuickstartConfig:
     model: str = "smollm2"
     # "v1" (verl's default V1 trainer) or "legacy" (trainer.use_v1=false, synchronous only).
     trainer: str = "v1"
-    # The V1 trainer mode, a key of TRAINER_MODES.
-    mode: str = "sync"
+    # The V1 trainer mode, a key of TRAINER_MODES (--mode). None: the mode an override names (the mode key or the
+    # +verl_pipe_trainer preset), else sync.
+    mode: Optional[str] = None
     # "grpo_plus" (DeepCoder's GRPO+, via the verl_pipe preset) or "grpo" (verl's own GRPO and vanilla loss).
     algorithm: str = "grpo_plus"
     # The training and validation problems, a key of DATASETS.
@@ -145,6 +167,8 @@ class QuickstartConfig:
     # trainer and its sampler take turns, so one rank gets every core; separate pools split them).
     torch_threads: Optional[int] = None
     overrides: list[str] = field(default_factory=list)
+    # How the mode was chosen, for error messages: "--mode <mode>", "the override <override>", or "" (the default).
+    mode_source: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
         defaults = DATASETS.get(self.data)  # an unknown name is validate()'s to report
@@ -153,15 +177,20 @@ class QuickstartConfig:
                 setattr(self, name, getattr(defaults, name))
         if self.validate_at_start is None:
             self.validate_at_start = self.validate_at_end and defaults is not None and defaults.validate_at_start
+        if self.mode is not None:
+            self.mode_source = f"--mode {self.mode}"
+        else:
+            # A mode given as an override (ARGS="trainer.v1.trainer_mode=one_off_pipeline" or the preset
+            # "+verl_pipe_trainer=one_off_pipeline") is the mode, so its pools and weight sync are set up as with
+            # --mode; validate() refuses overrides that disagree with it or with each other. (A mode outside the
+            # table, e.g. verl's colocate_async, passes through to verl with colocated pools.)
+            named = [(mode, override) for mode, override, _ in modes_named_in(self.overrides) if mode in TRAINER_MODES]
+            self.mode, self.mode_source = (named[0][0], f"the override {named[0][1]}") if named else ("sync", "")
         for override in self.overrides:
             key, _, value = override.lstrip("+").partition("=")
             # A hydra override of the step count (make demo ARGS="trainer.total_training_steps=5") is the step count.
             if key == "trainer.total_training_steps" and value.isdigit():
                 self.steps = int(value)
-            # Likewise a mode given as an override (ARGS="trainer.v1.trainer_mode=one_off_pipeline") is the mode,
-            # so its pools and weight sync are set up as with --mode; validate() refuses a --mode that disagrees.
-            if key == _MODE_KEY and value in TRAINER_MODES and self.mode == "sync":
-                self.mode = value
             # And the engine: ARGS="actor_rollout_ref.rollout.name=vllm" is --rollout vllm (eager mode included).
             if key == _ROLLOUT_KEY and value in ROLLOUT_ENGINES and self.rollout == "hf":
                 self.rollout = value
@@ -222,13 +251,20 @@ class QuickstartConfig:
                 f"--mode {self.mode} runs on verl's V1 trainer only; the legacy trainer (--trainer legacy) has just "
                 "its synchronous loop: drop --trainer legacy, or use --mode sync"
             )
+        presets = mode_presets()
+        for value, override, is_preset in modes_named_in(self.overrides):
+            if is_preset and value not in presets:
+                raise SetupError(
+                    f"{override}: there is no such preset; +{MODE_PRESET_GROUP}= takes {', '.join(presets)} "
+                    f"(verl's own modes: --mode {' / '.join(m for m in TRAINER_MODES if m not in presets)})"
+                )
+            # (with the default mode, an override outside the table, e.g. verl's colocate_async, passes through)
+            if value != self.mode and self.mode_source:
+                raise SetupError(
+                    f"{self.mode_source} and the override {override} disagree: give the mode once, as --mode"
+                )
         for override in self.overrides:
             key, _, value = override.lstrip("+").partition("=")
-            # (A mode outside the table, e.g. verl's colocate_async, passes through to verl with colocated pools.)
-            if key == _MODE_KEY and value != self.mode and (value in TRAINER_MODES or self.mode != "sync"):
-                raise SetupError(
-                    f"--mode {self.mode} and the override {override} disagree: give the mode once, as --mode"
-                )
             if key == _ROLLOUT_KEY and value != self.rollout and (value in ROLLOUT_ENGINES or self.rollout != "hf"):
                 raise SetupError(
                     f"--rollout {self.rollout} and the override {override} disagree: give the engine once, as "
@@ -299,7 +335,10 @@ def training_overrides(
     cfg: QuickstartConfig, model_path: str, train_file: str, val_file: str, run_dir: str
 ) -> list[str]:
     """The full override list: the algorithm, the embedded data, the CPU backend, then the user's own overrides."""
-    algorithm = GRPO_PLUS_PRESET if cfg.algorithm == "grpo_plus" else ["algorithm.adv_estimator=grpo"]
+    # The search path always: a +verl_pipe_trainer preset among the user's overrides is then found with grpo too
+    # (without it hydra would add a plain key of that name, and the run would train in its default mode).
+    grpo = [PRESET_SEARCHPATH, "algorithm.adv_estimator=grpo"]
+    algorithm = GRPO_PLUS_PRESET if cfg.algorithm == "grpo_plus" else grpo
     return [
         *algorithm,
         "algorithm.use_kl_in_reward=False",

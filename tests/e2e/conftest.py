@@ -4,7 +4,9 @@ Each is verl's stock entrypoint on the CPU backend with the tiny random Qwen2 an
 reward, overrides):
 
 * ``learning_run``: the vowel task (:mod:`learning_task`), verl's GRPO at a large learning rate, 6 steps of
-  4 prompts x 8 samples; read by the learning tests and by the in-flight tests (its lag bound, against sync);
+  4 prompts x 8 samples, validating before the first step and after steps 3 and 6 (verl's validation hooks fall
+  before, between and after a schedule's steps, and every mode must take them); read by the learning tests and
+  by the in-flight tests (its lag bound, against sync);
 * ``grpo_plus_run``: GRPO+ (overlong filter ``wrong``) with the length reward, 3 steps of 4 prompts x 2 samples;
   read by the GRPO+ test (sync) and by the in-flight test that compares lag bound 0 with sync step by step.
 """
@@ -24,6 +26,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TASK = os.path.join(HERE, "learning_task.py")
 LENGTH_REWARD = os.path.join(HERE, "length_reward.py")
 LEARNING_STEPS = 6
+# The learning runs validate before training (logged at step 0) and every VALIDATE_EVERY steps.
+VALIDATE_EVERY = 3
+VALIDATED_AT = [0, 3, 6]
 GRPO_PLUS_STEPS = 3
 
 
@@ -84,12 +89,17 @@ def learning_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, ta
         overrides = training_overrides(cfg, tiny_model_path, train_file, val_file, run_dir) + [
             f"reward.custom_reward_function.path={TASK}",
             f"reward.custom_reward_function.name={reward}",
+            # every mode validates before its first step and between steps (each verl hook a schedule must handle)
+            "trainer.val_before_train=True",
+            f"trainer.test_freq={VALIDATE_EVERY}",
             *extra,
         ]
         rc, steps, log = verl_runner(overrides, run_dir, timeout=600)
         assert rc == 0, tail_of(log)
         metrics = {s["step"]: s["data"] for s in steps if "timing_s/step" in s["data"]}
         assert sorted(metrics) == list(range(1, LEARNING_STEPS + 1)), tail_of(log)
+        validated = sorted(s["step"] for s in steps if any(key.startswith("val-") for key in s["data"]))
+        assert validated == VALIDATED_AT, f"{mode}: validations logged at steps {validated}, not {VALIDATED_AT}"
         sign = -1.0 if reward.startswith("negated") else 1.0
         scores = [sign * metrics[step]["critic/score/mean"] for step in sorted(metrics)]
         cache[key] = LearningRun(scores, metrics, _trained(run_dir, LEARNING_STEPS))

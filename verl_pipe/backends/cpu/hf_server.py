@@ -292,8 +292,8 @@ class HFRolloutServer:
                     self._take_in_flight_update(loop)  # the batch ended before its next decode step
             tokens = sum(len(r.token_ids) for r in results)
             logger.info(
-                "hf rollout %d: batch of %d requests, %d tokens, %d threads",
-                self.replica_rank, len(batch), tokens, self._batch_threads,
+                "hf rollout %d: batch of %d requests (%d greedy), %d tokens, %d threads",
+                self.replica_rank, len(batch), sum(p.request.greedy for p in batch), tokens, self._batch_threads,
             )  # fmt: skip
             self.stats["last_batch_threads"] = self._batch_threads
             self.stats["batches"] += 1
