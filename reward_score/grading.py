@@ -181,11 +181,43 @@ def decode_value(encoded: Any, _depth: int = 0) -> Any:
     return encoded
 
 
+# The caller decodes a returned value only within a budget proportional to the expected one: a value that can
+# still be equal is at most this many times bigger, in bytes and in JSON nodes, than the expected value's own
+# JSON (the runner's encoding wraps tuples and dicts, ~3x), plus a floor for small answers. Without it a few
+# hundred bytes of program could make the caller decode up to the sandbox's 16 MiB result cap: gigabytes and
+# seconds of the scoring process's own CPU, outside every sandbox limit.
+RESULT_BUDGET_FACTOR = 8
+RESULT_BUDGET_MIN_BYTES = 4096
+RESULT_BUDGET_MIN_NODES = 256
+
+
+@dataclass(frozen=True)
+class ResultBudget:
+    max_bytes: int
+    max_nodes: int
+
+    @staticmethod
+    def nodes(json_text: str) -> int:
+        """An upper bound on the values a JSON text holds, counted in C without parsing it."""
+        return json_text.count("[") + json_text.count("{") + json_text.count(",") + 1
+
+
+def result_budget(test: TestCase) -> ResultBudget:
+    expected = json.dumps(test.expected)
+    return ResultBudget(
+        max_bytes=max(RESULT_BUDGET_MIN_BYTES, RESULT_BUDGET_FACTOR * len(expected.encode("utf-8", "surrogatepass"))),
+        max_nodes=max(RESULT_BUDGET_MIN_NODES, RESULT_BUDGET_FACTOR * ResultBudget.nodes(expected)),
+    )
+
+
 def return_value_matches(result_json: str | None, test: TestCase) -> bool:
     """Whether the runner's encoded return value equals the expected one. Total: a result that cannot be
-    decoded or compared (malformed, nested deeper than the JSON parser or :data:`MAX_VALUE_DEPTH` allows) is
-    simply not equal."""
+    decoded or compared (over its :func:`result_budget`, malformed, nested deeper than the JSON parser or
+    :data:`MAX_VALUE_DEPTH` allows) is simply not equal; one over budget is rejected before any decoding."""
     if result_json is None:
+        return False
+    budget = result_budget(test)
+    if len(result_json) > budget.max_bytes or ResultBudget.nodes(result_json) > budget.max_nodes:
         return False
     try:
         got = decode_value(json.loads(result_json))
@@ -270,7 +302,9 @@ def _grade_once(code: str, suite: TestSuite, cfg: GradingConfig, sandbox: Sandbo
                 tests_run += 1
                 run = box.run_test(stdin=test.stdin, args=test.args, timeout=cfg.timeout_s,
                                    output_cap=output_cap(test) if suite.mode == "stdin" else None,
-                                   test_code=suite.test_code, entry_point=suite.entry_point)  # fmt: skip
+                                   result_cap=result_budget(test).max_bytes if suite.mode == "functional" else None,
+                                   test_code=suite.test_code, entry_point=suite.entry_point,
+                                   prompt_code=suite.prompt_code)  # fmt: skip
                 outcome = _verdict(run, suite, test)
                 if outcome != PASS:
                     return GradeResult(False, outcome, tests_run, total, run.stderr[-500:])

@@ -16,7 +16,11 @@ Behaviour choices worth knowing:
 * A ground-truth *string* is read as a JSON list only when it decodes to a list of JSON strings
   (``'["1/2", "0.5"]'``); ``"[1, 2]"`` stays the closed interval it most likely is.
 * A boxed answer longer than :data:`MAX_ANSWER_CHARS` (1000) characters is a wrong answer, decided without
-  any normalisation.
+  any normalisation; a response longer than :data:`MAX_RESPONSE_CHARS` (1 Mi characters) is a format error,
+  decided without a scan.
+* Numbers compare exactly: ``1e-8`` is not ``0`` and ``2.99999999`` is not ``2`` (verl's normalisation rounds
+  anything within 1e-7 of an integer to it; :func:`.math_symbolic.rounded_to_an_integer` undoes that). A
+  problem that accepts an approximation lists the acceptable answers.
 """
 
 from __future__ import annotations
@@ -79,7 +83,11 @@ _warmed_up = False
 _setup_failure_reported = False
 
 _BOX_CMD = re.compile(r"\\(boxed|fbox)(?![A-Za-z])(\s*)")
-_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
+# A plain number, with an optional exponent: compared exactly as decimals (1e-8 is not 0).
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+# A response longer than this is a format error, not scanned: a real one is at most a few hundred thousand
+# characters (64K tokens), and scanning costs time linear in the length (seconds at 8 MiB).
+MAX_RESPONSE_CHARS = 1 << 20
 
 
 def is_math_source(data_source: str) -> bool:
@@ -90,12 +98,25 @@ def is_math_source(data_source: str) -> bool:
     return name in _MATH_NAMES or name.startswith(("aime", "amc"))
 
 
+def _last_box_command(text: str) -> re.Match | None:
+    """The last ``\\boxed``/``\\fbox`` command, searched from the end (a response may hold thousands)."""
+    end = len(text)
+    while True:
+        start = max(text.rfind("\\boxed", 0, end), text.rfind("\\fbox", 0, end))
+        if start < 0:
+            return None
+        found = _BOX_CMD.match(text, start)
+        if found:
+            return found
+        end = start
+
+
 def _extract_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{}``/``\\fbox{}`` (nested braces kept), or None when there is none."""
-    matches = list(_BOX_CMD.finditer(text))
-    if not matches:
+    last = _last_box_command(text)
+    if last is None:
         return None
-    cmd, space, rest = matches[-1].group(1), matches[-1].group(2), text[matches[-1].end() :]
+    cmd, space, rest = last.group(1), last.group(2), text[last.end() :]
     # verl's extractor prefers any "\boxed" over a later "\fbox", and lets an earlier "\boxed " (space form)
     # override a later "\boxed{}"; handing it only the tail from the last command sidesteps both.
     if rest.startswith("{"):
@@ -270,6 +291,8 @@ def score_math(solution_str: str, ground_truth: Any, *, format_penalty: float = 
     start = time.monotonic()
     truths = _ground_truths(ground_truth)  # validate first, so a broken dataset row fails on every response
     text = solution_str or ""
+    if len(text) > MAX_RESPONSE_CHARS:
+        text = ""  # a format error, decided without a scan
     if "</think>" in text:
         answer = _extract_boxed(text.rsplit("</think>", 1)[1])
     elif "<think>" in text:

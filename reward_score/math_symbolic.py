@@ -28,6 +28,7 @@ import re
 import string
 import tokenize
 import unicodedata
+from decimal import Decimal
 
 import sympy
 from sympy.parsing import sympy_parser
@@ -38,6 +39,28 @@ __all__ = ["MATH_FUNCTION_NAMES", "MAX_ANSWER_CHARS", "grade_answer", "is_safe_e
 
 MAX_ANSWER_CHARS = 1000
 """Longer answers are wrong outright (no normalisation, no sympy); ground truths are not capped."""
+
+# A number as an answer writes it: digits with an optional fraction, thousands commas, an exponent.
+NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:[eE][+-]?\d+)?|[+-]?\.\d+(?:[eE][+-]?\d+)?")
+_INTEGER = re.compile(r"-?\d+")
+
+
+def rounded_to_an_integer(answer: str, normalized: str) -> bool:
+    """Whether verl's ``_normalize`` turned a number that is not that integer into it.
+
+    ``_normalize`` rounds any float within 1e-7 of an integer to the integer (and truncates toward zero as it
+    does, so ``2.99999999`` becomes ``2``): ``1e-8`` would equal an exact 0. An answer is a number only once,
+    so when the normalised answer is an integer and the answer holds exactly one number, that number must be it.
+    """
+    if not _INTEGER.fullmatch(normalized):
+        return False
+    numbers = NUMBER.findall(answer)
+    if len(numbers) != 1:
+        return False
+    try:
+        return Decimal(numbers[0].replace(",", "")) != Decimal(normalized)
+    except ArithmeticError:
+        return True
 
 # Bound in parse_expr's namespace, and safe to reach: each is a sympy number/constant or a sympy math function
 # (or the builtins abs/max/min, which parse_expr maps to sympy's Abs behaviour and Max/Min). None of them
@@ -171,6 +194,8 @@ def grade_answer(given_answer: str | None, ground_truth: str) -> bool:
     given_normalized = _normalize(given_answer)
     if truth_normalized is None:
         return False
+    if given_normalized and rounded_to_an_integer(given_answer, given_normalized):
+        return False  # numbers compare exactly: 1e-8 is not 0, unless the ground truth lists it
     if truth_normalized == given_normalized:
         return True
     if not given_normalized:

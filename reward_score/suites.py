@@ -9,7 +9,8 @@ Formats (as in the DeepCoder-Preview-Dataset, LiveCodeBench, TACO, PrimeIntellec
   ``fn_name`` is present (inputs are argument lists).
 * ``primeintellect``: a list of ``{input, output[, fn_name]}`` (TACO semantics per test).
 * ``codeforces``: stdin tests, as a list of ``{input, output}`` or in the TACO dict form.
-* ``humaneval`` / ``humanevalplus``: test code defining ``check(candidate)`` plus ``extra_info.entry_point``.
+* ``humaneval`` / ``humanevalplus``: test code defining ``check(candidate)`` plus ``extra_info.entry_point``, and
+  the problem's ``prompt`` (its signature and helper functions, which the tests then take from the prompt).
 * ``mbpp``: a list of ``assert`` lines (or ``{"test_list": [...], "test_imports": [...]}``).
 * ``kodcode``: pytest-style test code (``from solution import f``; ``def test_...``).
 
@@ -59,6 +60,9 @@ class TestSuite:
     prelude: str = ""
     test_code: str = ""
     entry_point: str = ""
+    # The problem's prompt code (HumanEval's signature and helpers): trusted, run in the tests' process, and the
+    # names it defines there are its own, never the candidate's (the entry point excepted).
+    prompt_code: str = ""
 
 
 def _as_json(value: Any, what: str) -> Any:
@@ -152,13 +156,19 @@ def humaneval_suite(ground_truth: Any, extra_info: Mapping[str, Any] | None) -> 
     gt = _as_json(ground_truth, "humaneval ground_truth") if _looks_like_json_object(ground_truth) else ground_truth
     if isinstance(gt, Mapping):
         test_code, entry_point = str(gt.get("test") or ""), str(gt.get("entry_point") or "")
+        prompt = str(gt.get("prompt") or "")
     else:
-        test_code, entry_point = str(gt or ""), ""
+        test_code, entry_point, prompt = str(gt or ""), "", ""
     entry_point = entry_point or str((extra_info or {}).get("entry_point") or "")
     if "def check" not in test_code or not entry_point:
         raise ValueError("humaneval ground_truth needs test code defining check(candidate) and an entry_point "
                          "(in ground_truth {'test', 'entry_point'} or extra_info['entry_point'])")  # fmt: skip
-    return TestSuite("assert", [TestCase()], 1, test_code=test_code, entry_point=entry_point)
+    if prompt:
+        try:
+            compile(prompt, "<prompt>", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as error:
+            raise ValueError(f"humaneval ground_truth['prompt'] is not Python code ({error})") from None
+    return TestSuite("assert", [TestCase()], 1, test_code=test_code, entry_point=entry_point, prompt_code=prompt)
 
 
 def mbpp_suite(ground_truth: Any) -> TestSuite:

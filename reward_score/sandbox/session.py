@@ -26,6 +26,7 @@ from .config import SandboxConfig
 from .isolation import (
     SANDBOX_ENV,
     interpreter_reachable_by_others,
+    open_seccomp_filter,
     require_isolation,
     runner_argv,
     runner_payload,
@@ -97,8 +98,10 @@ class SandboxSession:
                 os.chown(self._scratch, self.uid, self.uid)
             else:
                 self.uid = 0  # the dropped uid could not even load the standard library; stay as we are
+        seccomp_fd = None
         try:
-            argv = runner_argv(self.cfg, self.uid, self._scratch)
+            seccomp_fd = None if self._scratch else open_seccomp_filter(self.cfg)
+            argv = runner_argv(self.cfg, self.uid, self._scratch, seccomp_fd)
             self._proc = subprocess.Popen(
                 self._cgroup.wrap(argv) if self._cgroup is not None else argv,
                 stdin=subprocess.PIPE,
@@ -108,10 +111,14 @@ class SandboxSession:
                 cwd="/",
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
             )
         except OSError as error:
             self.close()
             raise SandboxError(f"could not start the sandbox: {error}") from error
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)  # bubblewrap has its own copy
         try:
             self._proc.stdin.write(runner_payload())
             self._proc.stdin.flush()
@@ -180,12 +187,13 @@ class SandboxSession:
         fd = self._proc.stdout.fileno()
         chunks = []
         while count:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.close()
-                raise DeadlineExceeded("no reply before the deadline")
-            ready, _, _ = select.select([fd], [], [], remaining)
+            # What is already in the pipe is read even past the deadline: a reply that arrived in time must not
+            # be lost because this thread was starved (by a neighbour's sample in the same process) meanwhile.
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
+                if time.monotonic() >= deadline:
+                    self.close()
+                    raise DeadlineExceeded("no reply before the deadline")
                 continue
             chunk = os.read(fd, min(count, 1 << 20))
             if not chunk:
@@ -253,17 +261,23 @@ class SandboxSession:
         args: list[Any] | None = None,
         timeout: float = 6.0,
         output_cap: int | None = None,
+        result_cap: int | None = None,
         test_code: str = "",
         entry_point: str = "",
+        prompt_code: str = "",
     ) -> TestRun:
         """Run one test; raises RunnerDied / DeadlineExceeded when the program takes the sandbox down.
 
-        ``output_cap`` bounds the stdout bytes that come back (more is reported truncated). An assert suite's
-        ``test_code`` travels only now, after the candidate's process was forked at load.
+        ``output_cap`` bounds the stdout bytes that come back (more is reported truncated), ``result_cap`` the
+        bytes of a functional test's encoded return value (more arrives cut short). An assert suite's
+        ``test_code`` (and the problem's trusted ``prompt_code``, whose names the tests resolve to its own
+        definitions) travels only now, after the candidate's process was forked at load.
         """
         args_json = json.dumps(args) if args else ""
         message = {"op": "test", "stdin": stdin, "args_json": args_json, "timeout": float(timeout),
-                   "output_cap": int(output_cap or 0), "test_code": test_code, "entry_point": entry_point}  # fmt: skip
+                   "output_cap": int(output_cap or 0), "result_cap": int(result_cap or 0), "test_code": test_code,
+                   "entry_point": entry_point,
+                   "prompt_code": prompt_code}  # fmt: skip
         self._send(message)
         return parse_test_reply(self._receive(time.monotonic() + timeout + _REPLY_SLACK_S))
 

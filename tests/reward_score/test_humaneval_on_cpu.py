@@ -53,7 +53,9 @@ def _samples(problems, wrong: bool):
             {
                 "data_source": "humaneval",
                 "solution_str": fenced(code),
-                "ground_truth": {"test": problem["test"], "entry_point": problem["entry_point"]},
+                # the prompt, as verl_pipe.evaluation.humaneval ships it: the tests take its helpers from it
+                "ground_truth": {"test": problem["test"], "entry_point": problem["entry_point"],
+                                 "prompt": problem["prompt"]},
             }
         )
     return samples

