@@ -83,16 +83,17 @@ test: install install-vllm
 	$(BIN)/python -m pytest tests $(addprefix --ignore=,$(VLLM_TESTS)) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-vllm
 
-# Our pipelined trainers vs verl's sync and separate_async modes on a simulated GPU cluster (about 21 min on 2 cores).
+# Every trainer mode (verl's sync and separate_async, our three) on a modelled GPU cluster: equal GPUs, 5 paired
+# blocks with 95% intervals, the what-if model and its sensitivity table (43 min on 2 cores; docs/bench.md).
 bench: $(call deps_for,$(BENCH_ROLLOUT))
 	$(call bin_for,$(BENCH_ROLLOUT))/verl-pipe bench pipeline --rollout $(BENCH_ROLLOUT) \
 	  --out runs/bench_pipeline.json $(ARGS)
 
-# Does every trainer mode learn, and how soon on the simulated cluster's clock (issue 19): SmolLM2 with GRPO+ on the
-# generated function problems, greedy validation on 120 unseen ones, each mode for the same samples; the steps are
-# priced by a run of `bench pipeline` (coding profile; ARGS="--pipeline-report runs/bench_pipeline.json" reuses
-# `make bench`'s). 88.6 min on 2 cores with vLLM rollouts, the default for every mode (93-97 min when in_flight_pipeline
-# ran on hf). LEARN_ROLLOUT=hf needs no .venv-vllm (and takes longer: hf validations are 3-4x slower).
+# Does every trainer mode learn (issue 19): SmolLM2 with GRPO+ on the generated function problems, greedy validation
+# on 120 unseen ones, each mode for the same samples; the steps are priced by one block of `bench pipeline` (coding
+# profile; ARGS="--pipeline-report runs/bench_pipeline.json" reuses `make bench`'s), a pricing that is not yet an
+# experiment (docs/learning.md). About 80 min of training on 2 cores with vLLM rollouts, the default for every mode.
+# LEARN_ROLLOUT=hf needs no .venv-vllm (and takes longer: hf validations are 3-4x slower).
 LEARN_ROLLOUT ?= vllm
 bench-learn: $(call deps_for,$(LEARN_ROLLOUT))
 	$(call bin_for,$(LEARN_ROLLOUT))/verl-pipe bench learn --rollout $(LEARN_ROLLOUT) $(ARGS)

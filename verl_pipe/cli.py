@@ -5,9 +5,9 @@ verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]   (or verl's own metrics lo
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
-verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--steps 3] [--unit-s 4] [--rollout hf|vllm] [--out report.json]
+verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 2] [--unit-s 3] [--rollout hf|vllm] [--out report.json]
 verl-pipe bench learn [--modes sync,...] [--steps 6] [--val-every 3] [--pipeline-report report.json] [--target 0.45]
-verl-pipe bench size [--gpus 32] [--gpu h100] [--params-b 14] [--prompts 64] [--samples 8] [--max-len 16384]
+verl-pipe plan [--cluster deepcoder-14b] [--gpus 32] [--gpu h100] [--model 14b] [--tp 2] [--prompts 32] [--samples 8] [--max-len 16384] [--engine today|staged]
 verl-pipe data prepare deepcoder --src DIR --out DIR [--test-store PATH] | data prepare deepscaler --src FILE --out DIR
 verl-pipe data curate --src DIR --out DIR [--workers N]
 verl-pipe recipes dry-run [--json] [--recipe NAME --stage N --stages L1,L2 --cluster-gpus G] -- OVERRIDES...
@@ -87,6 +87,7 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
     cfg = BenchConfig(
         profiles=tuple(args.profiles.split(",")),
         schedules=tuple(args.schedules.split(",")) if args.schedules else None,
+        blocks=args.blocks,
         steps=args.steps,
         warmup_steps=args.warmup_steps,
         unit_s=args.unit_s,
@@ -94,7 +95,7 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         out_dir=args.out_dir,
         ray_address=args.ray_address,
         rollout=args.rollout,
-        replica_batches=args.replica_batches,
+        sensitivity=args.sensitivity,
     )
     report = run_bench(cfg)
     return _print_report(format_report(report), report, args.out)
@@ -123,22 +124,25 @@ def _recipes(args: argparse.Namespace) -> int:
     return recipes_main(args.recipe_args)
 
 
-def _bench_size(args: argparse.Namespace) -> int:
-    from verl_pipe.bench.sizing import ClusterSpec, recommend_split, with_overrides
+def _plan(args: argparse.Namespace) -> int:
+    from verl_pipe.bench import cluster as clusters
+    from verl_pipe.bench.plan import format_plans, plan_modes
 
-    spec = with_overrides(
-        ClusterSpec(),
-        gpus=args.gpus,
-        gpu=args.gpu,
-        params_b=args.params_b,
-        prompts=args.prompts,
-        samples=args.samples,
-        median_response_tokens=args.median_len,
-        max_response_tokens=args.max_len,
-        tp=args.tp,
-        reward_s=args.reward_s,
-    )
-    print(recommend_split(spec).format())
+    try:
+        named = clusters.cluster(args.cluster)
+        work = {key: getattr(args, key) for key in ("prompts", "samples", "median_response_tokens", "response_sigma",
+                                                    "max_response_tokens", "prompt_tokens", "reward_s",
+                                                    "reward_workers", "minibatches") if getattr(args, key) is not None}
+        named = clusters.with_workload(named, **work)
+        shape = {key: getattr(args, key) for key in ("gpus", "gpu", "tp", "shape", "gpu_memory_utilization")
+                 if getattr(args, key) is not None}  # fmt: skip
+        named = clusters.NamedCluster(**{**named.__dict__, **shape, "name": "yours" if shape or work else named.name})
+        engine = clusters.engine(args.engine)
+        named.roofline().kv_token_capacity(staged=engine.staged)  # the weights must fit a replica, before any plan
+        plans = plan_modes(named, engine, seeds=args.seeds)
+    except clusters.ClusterError as error:
+        raise SetupError(str(error)) from None
+    print(format_plans(named, engine, plans, args.gpus_per_node))
     return 0
 
 
@@ -183,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     from verl_pipe.quickstart import TRAINER_MODES  # the table only: the run's own imports wait for _quickstart
+
+    from verl_pipe.bench.pipeline import SCHEDULES as PIPELINE_SCHEDULES  # light: no verl, no Ray
 
     qs = sub.add_parser(
         "quickstart",
@@ -256,17 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
     reward.set_defaults(func=_bench_reward)
 
     pipe = bench_sub.add_parser(
-        "pipeline", help="our pipelined trainers vs verl's sync and separate_async modes on a simulated GPU cluster"
+        "pipeline", help="every trainer mode on a modelled GPU cluster, equal GPUs, paired blocks with intervals"
     )
-    pipe.add_argument("--profiles", default="coding,math", help="comma-separated: coding, math")
-    pipe.add_argument("--schedules", help="comma-separated subset (default: all seven for coding; both sync baselines, "
-                      "separate_async, one-off and in-flight for math)")
-    pipe.add_argument("--steps", type=int, default=4, help="measured steps per run, after the warm-up")
-    pipe.add_argument("--replica-batches", dest="replica_batches", type=int, default=2,
-                      help="batches of requests a sampler replica runs at once (its KV capacity; the rest queue)")
+    pipe.add_argument("--profiles", default="coding,math",
+                      help="comma-separated: coding (DeepCoder-14B on 32 H100), math (DeepScaleR-1.5B on 8 H100)")
+    pipe.add_argument("--schedules", help=f"comma-separated subset of {', '.join(PIPELINE_SCHEDULES)} (default: all)")
+    pipe.add_argument("--blocks", type=int, default=5, help="paired blocks: every schedule once per block (seed)")
+    pipe.add_argument("--steps", type=int, default=2, help="measured steps per run, after the warm-up")
     pipe.add_argument("--warmup-steps", dest="warmup_steps", type=int, default=2)
-    pipe.add_argument("--unit-s", dest="unit_s", type=float, default=4.0, help="wall seconds of one batch's generation")
+    pipe.add_argument("--unit-s", dest="unit_s", type=float, default=3.0,
+                      help="wall seconds of one verl sync step on the modelled cluster")
     pipe.add_argument("--seed", type=int, default=0)
+    pipe.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
+                      help="leave out the sensitivity table (what-if model, a few minutes)")
     pipe.add_argument("--out-dir", dest="out_dir", help="where the runs go (default: runs/bench-pipeline-<time>)")
     pipe.add_argument("--ray-address", dest="ray_address", help="join this Ray cluster instead of starting one")
     pipe.add_argument(
@@ -294,17 +302,29 @@ def build_parser() -> argparse.ArgumentParser:
     learn.add_argument("--ray-address", dest="ray_address", help="join this Ray cluster instead of starting one")
     learn.set_defaults(func=_bench_learn)
 
-    size = bench_sub.add_parser("size", help="the sampler/trainer split the latency model predicts is fastest")
-    size.add_argument("--gpus", type=int, help="GPUs in the cluster (default 32)")
-    size.add_argument("--gpu", choices=["a100", "h100", "h200"])
-    size.add_argument("--params-b", dest="params_b", type=float, help="model size in billions (default 14)")
-    size.add_argument("--prompts", type=int, help="prompts per step (default 64)")
-    size.add_argument("--samples", type=int, help="samples per prompt (default 8)")
-    size.add_argument("--median-len", dest="median_len", type=int, help="median response tokens (default 7000)")
-    size.add_argument("--max-len", dest="max_len", type=int, help="response length cap (default 16384)")
-    size.add_argument("--tp", type=int, help="rollout tensor parallel degree (default 2)")
-    size.add_argument("--reward-s", dest="reward_s", type=float, help="reward seconds per sample (default 0)")
-    size.set_defaults(func=_bench_size)
+
+    planner = sub.add_parser("plan", help="every trainer mode's best split, cadence and step time on your GPU cluster")
+    planner.add_argument("--cluster", default="deepcoder-14b",
+                         help="start from a named cluster: deepcoder-14b, deepscaler-1.5b, deepcoder-1.5b; the flags "
+                              "below change it")  # fmt: skip
+    planner.add_argument("--gpus", type=int, help="GPUs in the cluster")
+    planner.add_argument("--gpu", help="GPU type: h100, h200 (a100: no measured roofline)")
+    planner.add_argument("--gpus-per-node", dest="gpus_per_node", type=int, default=8)
+    planner.add_argument("--model", dest="shape", help="model shape with a measured roofline: 14b, 7b, 1.5b")
+    planner.add_argument("--tp", type=int, help="rollout tensor-parallel degree")
+    planner.add_argument("--gpu-memory-utilization", dest="gpu_memory_utilization", type=float)
+    planner.add_argument("--prompts", type=int, help="prompts per step (train_batch_size)")
+    planner.add_argument("--samples", type=int, help="samples per prompt (rollout.n)")
+    planner.add_argument("--minibatches", type=int, help="train_batch_size / ppo_mini_batch_size")
+    planner.add_argument("--median-len", dest="median_response_tokens", type=int, help="median response tokens")
+    planner.add_argument("--sigma", dest="response_sigma", type=float, help="log-normal spread of response lengths")
+    planner.add_argument("--max-len", dest="max_response_tokens", type=int, help="response length cap")
+    planner.add_argument("--prompt-len", dest="prompt_tokens", type=int, help="prompt tokens")
+    planner.add_argument("--reward-s", dest="reward_s", type=float, help="reward seconds per sample")
+    planner.add_argument("--reward-workers", dest="reward_workers", type=int, help="samples scored at once")
+    planner.add_argument("--engine", default="today", help="today (a load pauses decoding) or staged (what-if)")
+    planner.add_argument("--seeds", type=int, default=5, help="draws of response lengths each mode is priced on")
+    planner.set_defaults(func=_plan)
 
     recipes = sub.add_parser("recipes", help="compose and validate a recipe's overrides against verl's config (no GPU)")
     recipes.add_argument("recipe_args", nargs=argparse.REMAINDER)

@@ -237,15 +237,15 @@ PATCHES: tuple[VerlPatch, ...] = (
         consequence="the benchmark would time updates at CPU speed, not the modelled cluster's",
     ),
     VerlPatch(
-        name="latency_model_reward_after_generation",
+        name="latency_model_update_window",
         target=f"{_TRAINER_V1}:PPOTrainer._balance_batch",
         fingerprint="upsample_batch_to_divisible_size(batch, batch_multiple",
-        why="benchmark only: verl's V1 trainer always streams rule rewards; the thesis' baseline does not",
+        why="benchmark only: verl has no hook where a batch leaves the sampler, where the modelled update starts",
         upstream="none needed (benchmark instrumentation)",
         apply=f"{_LATENCY}:_patch_balance_batch",
         when="latency model",
         critical_when="latency model",
-        consequence="the benchmark's reward-after-generation baseline would score for free",
+        consequence="the benchmark would start each modelled update late, after the real log-prob passes",
     ),
     VerlPatch(
         name="latency_model_replay_buffer_poll",

@@ -252,7 +252,6 @@ def plot_trace(trace_path: str, out_png: str) -> str:
 
 _SCHEDULE_COLOURS = {
     "wait for samples": "#d9d9d9",
-    "late reward": "#ff7f0e",
     "train": "#1f77b4",
     "sync": "#d62728",
     "generate": "#2ca02c",

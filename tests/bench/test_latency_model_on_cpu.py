@@ -9,9 +9,7 @@ import statistics
 import pytest
 
 from verl_pipe.bench.latency import LATENCY_MODEL_ENV, LatencyModel, LatencyModelError, active_model
-from verl_pipe.bench.latency_hooks import batch_reward_s
 from verl_pipe.patch_registry import PATCHES
-from verl_pipe.bench.pipeline import PROFILES, BenchConfig, calibrate
 from verl_pipe.bench.replica_model import batch_generation_s
 
 
@@ -35,7 +33,6 @@ def test_phase_times_and_scaling():
                          reward_workers=4)  # fmt: skip
     # alone on a replica: a 2 s prefill, then 1000 steps of 10 ms (no KV term here)
     assert model.generation_s(1000) == pytest.approx(12.0) and model.train_s(4000) == 2.0 and model.wall(12.0) == pytest.approx(1.2)
-    assert batch_reward_s(9, model) == 9.0  # three rounds of four workers
 
 
 def test_bad_settings_name_the_field(monkeypatch):
@@ -51,27 +48,14 @@ def test_bad_settings_name_the_field(monkeypatch):
     assert active_model() == LatencyModel(sync_s=3.0)
 
 
-@pytest.mark.parametrize("profile", sorted(PROFILES))
-def test_calibration_follows_the_profile_shares(profile):
-    cfg = BenchConfig(unit_s=4.0, prompts=4, samples=8, reward_workers=4)
-    model = calibrate(PROFILES[profile], cfg)
-    shares = PROFILES[profile]
-    requests = cfg.prompts * cfg.samples
-    # re-estimate the expected batch: its generation on one modelled replica, and its tokens (training)
-    batch_s, tokens = [], []
-    for trial in range(400):
-        lengths = [model.response_tokens([10_000 + trial], i) for i in range(requests)]
-        batch_s.append(batch_generation_s(model, lengths))
-        tokens.append(sum(lengths))
-    assert model.replica_concurrency == requests * cfg.replica_batches == 2 * requests  # the KV room of two batches
-    one_batch = calibrate(PROFILES[profile], BenchConfig(unit_s=4.0, prompts=4, samples=8, replica_batches=1))
-    assert one_batch.replica_concurrency == requests and one_batch.time_scale == model.time_scale  # one batch fits
-    gen_s = model.wall(statistics.mean(batch_s))
-    assert gen_s == pytest.approx(4.0, rel=1e-6)
-    assert model.wall(model.train_s(statistics.mean(tokens))) == pytest.approx(shares.train * 4.0, rel=1e-6)
-    assert model.wall(model.sync_s) == pytest.approx(shares.sync * 4.0)
-    assert model.wall(batch_reward_s(requests, model)) == pytest.approx(shares.reward * 4.0)
-    json.loads(model.to_json())  # travels to every process as JSON
+def test_a_clusters_model_travels_as_json():
+    """Every process of a run gets the layout's model from the environment, the pool and multiplicity included."""
+    from verl_pipe.bench import cluster as clusters
+
+    named = clusters.CLUSTERS["deepcoder-14b"]
+    model = clusters.latency_model(named, clusters.split(named, 24), clusters.engine("today"), 64, time_scale=0.02)
+    assert LatencyModel.from_mapping(json.loads(model.to_json())) == model
+    assert (model.replicas, model.request_multiplicity) == (12, 4)
 
 
 def test_trainer_side_patches_still_match_verl():
@@ -248,10 +232,10 @@ def test_negative_control_padding_after_the_sync_lets_aborted_requests_decode_th
     assert timeline["gate opened s"] < 0.5 * model.wall(model.sync_s), timeline
 
 
-def test_reward_after_generation_is_spent_on_the_trainers_path(monkeypatch):
-    """The thesis' baseline (``verl_sync_reward_after``): a batch's whole reward time is spent when it leaves the
-    sampler, before verl balances it, ``reward_workers`` samples at a time (padding scores nothing). The control:
-    with the reward streamed (every other schedule) the same call spends nothing."""
+def test_the_modelled_update_window_opens_when_the_batch_leaves_the_sampler(monkeypatch):
+    """The modelled update is timed from ``_balance_batch`` (the batch has left the sampler), so the CPU's real
+    log-prob passes run inside it instead of on top of it. The control: without the latency model nothing is
+    marked, and a later ``_update_actor`` would time from its own start."""
     import time
     from types import SimpleNamespace
 
@@ -261,16 +245,17 @@ def test_reward_after_generation_is_spent_on_the_trainers_path(monkeypatch):
     balanced = []
     monkeypatch.setattr(trainer_base.PPOTrainer, "_balance_batch", lambda self, batch, metrics: balanced.append(batch))
     latency_hooks._patch_balance_batch()  # wraps the stand-in; monkeypatch restores verl's method after the test
-    batch = SimpleNamespace(tags=[{}] * 8 + [{"is_padding": True}] * 2)
-    spent = {}
-    for after in (True, False):
-        model = LatencyModel(time_scale=0.01, reward_s=5.0, reward_workers=4, reward_after_generation=after)
-        monkeypatch.setenv(LATENCY_MODEL_ENV, model.to_json())
-        metrics: dict = {}
-        started = time.monotonic()
-        trainer_base.PPOTrainer._balance_batch(None, batch, metrics)
-        spent[after] = (time.monotonic() - started, metrics.get("bench/reward_after_generation_s"))
-    wall = LatencyModel(time_scale=0.01).wall(2 * 5.0)  # 8 samples on 4 workers: two rounds of 5 modelled s
-    assert spent[True][0] >= 0.95 * wall and spent[True][1] == pytest.approx(wall, rel=0.3)
-    assert spent[False][0] < 0.5 * wall and spent[False][1] is None
-    assert len(balanced) == 2  # verl's balancing ran after it both times
+    batch = SimpleNamespace(tags=[{}] * 8)
+    marked = {}
+    for on in (True, False):
+        if on:
+            monkeypatch.setenv(LATENCY_MODEL_ENV, LatencyModel(time_scale=0.01).to_json())
+        else:
+            monkeypatch.delenv(LATENCY_MODEL_ENV)
+        trainer, started = SimpleNamespace(), time.monotonic()
+        trainer_base.PPOTrainer._balance_batch(trainer, batch, {})
+        marked[on] = trainer.__dict__.get(latency_hooks._TRAIN_WINDOW_STARTS)
+        if on:
+            assert marked[on] >= started
+    assert marked[False] is None
+    assert len(balanced) == 2  # verl's balancing ran both times

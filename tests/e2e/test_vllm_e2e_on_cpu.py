@@ -76,10 +76,32 @@ LENGTH_REWARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "length
 LR = 5e-3
 STEPS = 2  # each check needs a second step (one trained after a sync); a third costs ~25 s a run
 # The runs that need a sync to land while requests decode: on the demo's problems SmolLM2 answers in ~90 tokens,
-# and with two steps the next batch's answers often finished within the first update (both tests failed that way).
-# They run the embedded problems (answers cut at the length cap), three steps, one request at a time.
+# and with two steps the next batch's answers often finished within the first update (both tests failed that way);
+# on a faster CPU (CI's) even the embedded problems' capped answers did, three steps of one request at a time. So
+# besides those, every engine step waits a little (verl_pipe.backends.cpu.vllm_worker.STEP_DELAY_ENV): a batch
+# then takes 8 x 64 steps of >= 40 ms, over 20 s whatever the CPU. Measured here with 96 tokens and 30 ms: a batch
+# took 40 s, a training step (log-probs and update) 15-16 s; half of the loads landed inside an answer.
 SYNC_INSIDE_ANSWERS = ("--data=embedded", "--steps=3")
+SYNC_INSIDE_ANSWERS_OVERRIDES = (
+    "actor_rollout_ref.rollout.max_num_seqs=1",
+    "data.max_response_length=64",
+    "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_VLLM_STEP_DELAY_S='0.04'",
+)
 VAL_PROBLEMS = 8  # of the demo's 120 held-out problems: the validation's path, not its accuracy
+
+
+@pytest.fixture(autouse=True)
+def _remove_leaked_weight_buckets():
+    """verl's weight sender puts each bucket in a named shared-memory segment (``/dev/shm/psm_*``) and unlinks it
+    when it closes; a job that ends by Ray killing its actors never closes it, and each run would leave a few
+    hundred MB in /dev/shm. The job is over when the test is: whatever segment it created goes."""
+    before = set(glob.glob("/dev/shm/psm_*"))
+    yield
+    for path in set(glob.glob("/dev/shm/psm_*")) - before:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _run(tmp_path, ray_cluster, verl_runner, mode: str, extra: tuple[str, ...] = (),
@@ -198,7 +220,7 @@ def test_a_sync_aborts_vllms_in_flight_requests_and_verl_resumes_them(tmp_path, 
     sync must land while requests run: some trained sample then spans two policy versions."""
     rc, steps, log = _run(
         tmp_path, ray_cluster, verl_runner, "separate_async",
-        ["actor_rollout_ref.rollout.max_num_seqs=1", "data.max_response_length=128"], demo_args=SYNC_INSIDE_ANSWERS,
+        list(SYNC_INSIDE_ANSWERS_OVERRIDES), demo_args=SYNC_INSIDE_ANSWERS,
     )  # fmt: skip
     assert rc == 0, tail_of(log)
     records = _records(steps, log, tail_of, expected=3, validated_at=())
@@ -258,12 +280,15 @@ def test_in_flight_pipeline_loads_into_running_vllm_requests_and_tags_their_toke
     probe = str(tmp_path / "vllm_sync_probe.jsonl")
     rc, steps, log = _run(
         tmp_path, ray_cluster, verl_runner, "in_flight_pipeline",
-        [f"+{PROBE_ENV_OVERRIDE}={probe}", "actor_rollout_ref.rollout.max_num_seqs=1", "data.max_response_length=128"],
-        demo_args=SYNC_INSIDE_ANSWERS,
+        [f"+{PROBE_ENV_OVERRIDE}={probe}", *SYNC_INSIDE_ANSWERS_OVERRIDES], demo_args=SYNC_INSIDE_ANSWERS,
     )  # fmt: skip
     assert rc == 0, tail_of(log)
     records = _records(steps, log, tail_of, expected=3, validated_at=())
     lag_metrics = [{k: v for k, v in data.items() if k.startswith("in_flight/")} for data in records]
+    with open(probe) as handle:
+        loads = [json.loads(line) for line in handle]
+    # the setup's premise (a load while an answer decodes); without it the tagging below would go unchecked
+    assert any(load["mid_answer"] > 0 for load in loads), (loads, lag_metrics)
     assert all(data["in_flight/token_lag/max"] <= 1 for data in records), lag_metrics
     assert max(data["in_flight/spanning_samples_share"] for data in records) > 0, lag_metrics
     assert max(data["in_flight/token_lag/mean"] for data in records) > 0, lag_metrics

@@ -63,6 +63,23 @@ def local_ray_head(num_cpus: int = 16, start_timeout_s: float = 180.0, stop_grac
             head.wait()
 
 
+def job_env(run_dir: str, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a verl job's driver: the CPU platform and verl's file logger in ``run_dir``."""
+    env = {"VERL_PLATFORM": "cpu", "VERL_FILE_LOGGER_PATH": os.path.join(run_dir, "verl_metrics.jsonl"),
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    env.update(extra_env or {})
+    return env
+
+
+def read_steps(run_dir: str) -> list[dict]:
+    """verl's per-step records of the job in ``run_dir`` (its file logger's lines; none if it wrote nothing)."""
+    metrics_path = os.path.join(run_dir, "verl_metrics.jsonl")
+    if not os.path.exists(metrics_path):
+        return []
+    with open(metrics_path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
 def run_verl_job(
     overrides: list[str], run_dir: str, timeout: int = 600, extra_env: dict[str, str] | None = None
 ) -> tuple[int, list[dict], str]:
@@ -72,15 +89,9 @@ def run_verl_job(
     process's environment when it joins an existing cluster: pass it in the job's runtime_env as well.
     """
     os.makedirs(run_dir, exist_ok=True)
-    metrics_path = os.path.join(run_dir, "verl_metrics.jsonl")
     log_path = os.path.join(run_dir, "train.log")
-    env = dict(os.environ, VERL_PLATFORM="cpu", VERL_FILE_LOGGER_PATH=metrics_path, TOKENIZERS_PARALLELISM="false")
-    env.update(extra_env or {})
+    env = dict(os.environ, **job_env(run_dir, extra_env))
     argv = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     with open(log_path, "w") as log:
         rc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=run_dir).returncode
-    steps = []
-    if os.path.exists(metrics_path):
-        with open(metrics_path) as fh:
-            steps = [json.loads(line) for line in fh if line.strip()]
-    return rc, steps, log_path
+    return rc, read_steps(run_dir), log_path

@@ -22,11 +22,10 @@ The modelled phases (all in modelled seconds, scaled to wall seconds by ``time_s
 * **weight sync**: ``sync_s`` per sync. An in-flight load (``in_flight_pipeline``) stalls the replica for it,
   unless the replica stages loads (``staged_loads``): it receives the weights into a second buffer while it
   decodes and swaps them in between two decode steps when the transfer ends. That buffer is memory the KV cache
-  no longer has, so a staging replica runs fewer requests at once (:meth:`LatencyModel.with_staged_loads`).
+  no longer has, so a staging replica runs fewer requests at once (the named cluster's calibration,
+  :mod:`verl_pipe.bench.cluster`, sets ``replica_concurrency`` for it).
 * **reward**: ``reward_s`` per sample (the modelled reward function, :mod:`verl_pipe.bench.modelled_reward`), or
-  the real sandbox; with ``reward_after_generation`` the whole batch's reward time is spent after generation,
-  on the trainer's critical path (the thesis' baseline, which verl's V1 trainer cannot be configured to do
-  for rule rewards: it always streams them).
+  the real sandbox; every schedule scores each sample as it finishes (verl's V1 trainer streams rule rewards).
 
 A real phase that takes longer than its model is not shortened: the model pads, it never subtracts.
 
@@ -64,8 +63,16 @@ class LatencyModel:
     # batch of 32 requests 4K tokens deep decodes at ~71 tokens/s each.
     decode_tokens_per_s: float = 143.0
     kv_step_s_per_ktoken: float = 4.9e-5
+    # With many requests running a step becomes compute-bound: this many seconds of matmuls per running request
+    # (0: never; the named clusters set it from the measured decode step at batch 256).
+    decode_compute_s_per_request: float = 0.0
     # Requests a replica runs at once (the rest queue); KV capacity is what bounds it on a GPU.
     replica_concurrency: int = 256
+    # The sampler pool: this many replicas, each request sent to the least loaded (replica_model.PoolSim).
+    replicas: int = 1
+    # The cluster's requests each real request of the benchmark stands for (same length, same replica): the
+    # replicas carry the cluster's load per GPU while the CPU runs a fraction of its requests.
+    request_multiplicity: int = 1
     # Prefill: the prompt's modelled length, and the rate a replica prefills at (compute-bound: 2 x 14B FLOPs per
     # token at 40% of two H100s' bf16 peak, ~28K tokens/s). The replica decodes nothing during a prefill.
     prompt_tokens: int = 1000
@@ -80,9 +87,8 @@ class LatencyModel:
     sync_s: float = 10.0
     reward_s: float = 0.0  # modelled reward per sample (0: math-like)
     reward_workers: int = 8  # samples scored at once (set reward.interleaved.concurrency to match)
-    reward_after_generation: bool = False
     # In-flight loads arrive into a second weight buffer beside decoding (no stall; the version switches when the
-    # transfer ends). Set it with with_staged_loads(), which also takes the buffer's room from the KV cache.
+    # transfer ends); the buffer's room comes out of replica_concurrency (cluster.latency_model sets both).
     staged_loads: bool = False
     time_scale: float = 1.0  # wall seconds per modelled second
     seed: int = 0
@@ -94,10 +100,10 @@ class LatencyModel:
             if not getattr(self, name) > 0:
                 raise LatencyModelError(f"latency_model.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("kv_step_s_per_ktoken", "prompt_tokens", "response_sigma", "train_s_per_ktoken", "sync_s",
-                     "reward_s"):  # fmt: skip
+                     "reward_s", "decode_compute_s_per_request"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise LatencyModelError(f"latency_model.{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("replica_concurrency", "reward_workers"):
+        for name in ("replica_concurrency", "reward_workers", "replicas", "request_multiplicity"):
             if int(getattr(self, name)) < 1:
                 raise LatencyModelError(f"latency_model.{name} must be >= 1, got {getattr(self, name)!r}")
 
@@ -121,25 +127,6 @@ class LatencyModel:
 
     def train_s(self, response_tokens: int) -> float:
         return self.train_s_per_ktoken * response_tokens / 1000.0
-
-    def weight_copy_requests(self, draws: int = 2000) -> int:
-        """How many requests' KV cache a second copy of the weights displaces (a staged load holds one).
-
-        On the roofline the weights stream in ``1 / decode_tokens_per_s`` and a thousand KV tokens in
-        ``kv_step_s_per_ktoken``, so the copy is worth their ratio in KV tokens; a request holds its prompt and, at
-        its longest, its whole response (the mean of the length distribution). Defaults: 28 GB of weights against
-        196 KB a token, ~143K tokens, about 16 requests of ~9K tokens."""
-        if self.kv_step_s_per_ktoken <= 0:
-            return 0
-        weight_tokens = (1.0 / self.decode_tokens_per_s) / (self.kv_step_s_per_ktoken / 1000.0)
-        mean_response = sum(self.response_tokens([-1], index) for index in range(draws)) / draws
-        return math.ceil(weight_tokens / (self.prompt_tokens + mean_response))
-
-    def with_staged_loads(self) -> "LatencyModel":
-        """This model on a replica that stages its in-flight loads, with the weight buffer's room taken from its KV
-        cache (:meth:`weight_copy_requests` fewer requests at once; at least one)."""
-        concurrency = max(1, self.replica_concurrency - self.weight_copy_requests())
-        return replace(self, staged_loads=True, replica_concurrency=concurrency)
 
     def wall(self, modelled_s: float) -> float:
         """Modelled seconds to wall-clock seconds."""

@@ -1,19 +1,20 @@
-"""The trainer-side half of the latency model (:mod:`verl_pipe.bench.latency`): updates, syncs, late rewards.
+"""The trainer-side half of the latency model (:mod:`verl_pipe.bench.latency`): updates, syncs, the step clock.
 
 The rollout server pads generation itself; these version-guarded patches (declared in
 :mod:`verl_pipe.patch_registry`, ``when="latency model"``) pad what the driver waits for,
 in every V1 trainer mode alike (verl's ``sync`` and ``separate_async`` as well as ours), so a benchmark compares
 schedules, not implementations:
 
-* ``PPOTrainer._update_actor``: the update (and the log-prob passes folded into it) lasts
-  ``train_s_per_ktoken`` per thousand modelled response tokens of the samples it trains;
+* ``PPOTrainer._update_actor``: the update and the log-prob passes before it (from the moment the batch leaves
+  the sampler, ``_balance_batch``) last ``train_s_per_ktoken`` per thousand modelled response tokens of the
+  samples it trains: the CPU's real old-log-prob and update run inside that window, not on top of it;
 * ``CheckpointEngineManager.update_weights``: a weight sync lasts ``sync_s``;
 * ``CheckpointEngineManager.resume_generation_replicas``: the rollout servers' gate, which verl's sync closes (it
   aborts the running requests and parks new ones) and opens after the transfer, stays closed until that
   ``sync_s`` has passed, as the transfer would hold it on the cluster (padding only after verl's millisecond CPU
   sync had returned let the requests it aborted resume at once and decode through the modelled transfer);
-* ``PPOTrainer._balance_batch`` (right after a batch leaves the sampler): with ``reward_after_generation`` the
-  batch's reward time is spent here, on the trainer's critical path;
+* ``PPOTrainer._balance_batch`` (right after a batch leaves the sampler): marks where the modelled update window
+  opens;
 * ``PPOTrainer._build_replay_buffer``: verl's 2 s TransferQueue poll is scaled like every other time;
 * ``PPOTrainer._compute_metrics``: a wall-clock stamp per step (``bench/step_end_ts``), so a benchmark measures
   the loop's real period, metrics and logging included;
@@ -36,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import math
 import time
 import types
 from typing import Any, Optional
@@ -72,11 +72,6 @@ def modelled_tokens(extras: list[dict], model: LatencyModel) -> tuple[list[int],
     return tokens, defaulted
 
 
-def batch_reward_s(num_samples: int, model: LatencyModel) -> float:
-    """Modelled time to score a whole batch after generation, ``reward_workers`` samples at a time."""
-    return math.ceil(num_samples / model.reward_workers) * model.reward_s
-
-
 def _pad_until(started: float, modelled_s: float, model: LatencyModel) -> None:
     time.sleep(max(0.0, started + model.wall(modelled_s) - time.monotonic()))
 
@@ -92,7 +87,8 @@ def _patch_update_actor() -> None:
     def _update_actor(self, batch, metrics):
         fired("latency_model_update_time")
         model = active_model()
-        started = time.monotonic()
+        # the modelled update starts where the batch left the sampler (the log-prob passes run inside it)
+        started = self.__dict__.pop(_TRAIN_WINDOW_STARTS, None) or time.monotonic()
         result = original(self, batch, metrics)
         if model is not None:
             tags, extras = real_samples(batch)
@@ -101,6 +97,8 @@ def _patch_update_actor() -> None:
             # every schedule's token lag, from the versions the modelled replicas tagged each token with
             trained = self.__dict__.setdefault(_STEP_SAMPLES, [])
             trained.extend(sample_versions(tag, extra, modelled=True) for tag, extra in zip(tags, extras))
+            modelled = model.wall(model.train_s(sum(tokens)))
+            _step_totals(self)["train_modelled_wall_s"] += modelled
             _pad_until(started, model.train_s(sum(tokens)), model)
         return result
 
@@ -116,13 +114,9 @@ def _patch_balance_batch() -> None:
     @mark_patched(original)
     @functools.wraps(original)
     def _balance_batch(self, batch, metrics, *args, **kwargs):
-        fired("latency_model_reward_after_generation")
-        model = active_model()
-        if model is not None and model.reward_after_generation:
-            real = sum(not tag.get("is_padding", False) for tag in batch.tags)
-            started = time.monotonic()
-            _pad_until(started, batch_reward_s(real, model), model)
-            metrics["bench/reward_after_generation_s"] = time.monotonic() - started
+        fired("latency_model_update_window")
+        if active_model() is not None:
+            self.__dict__[_TRAIN_WINDOW_STARTS] = time.monotonic()  # the modelled update starts here
         return original(self, batch, metrics, *args, **kwargs)
 
     module.PPOTrainer._balance_batch = _balance_batch
@@ -152,6 +146,15 @@ def _patch_replay_buffer_poll() -> None:
 
 _STEP_CLOCK_MARK = "__verl_pipe_step_clock__"
 _STEP_SAMPLES = "_verl_pipe_bench_step_samples"  # the step's trained samples' versions, on the trainer
+_TRAIN_WINDOW_STARTS = "_verl_pipe_bench_train_window_starts"  # monotonic time the batch left the sampler
+_STEP_TOTALS = "_verl_pipe_bench_step_totals"
+# Wall seconds the trainer's process spent in padded weight syncs since the last step's stamp, and what the model
+# priced them at (the manager that runs them knows no trainer; both live in verl's driver-side trainer process).
+_SYNC_WALL = {"s": 0.0, "modelled_s": 0.0}
+
+
+def _step_totals(trainer) -> dict[str, float]:
+    return trainer.__dict__.setdefault(_STEP_TOTALS, {"train_modelled_wall_s": 0.0})
 
 
 def _patch_step_clock() -> None:
@@ -166,6 +169,10 @@ def _patch_step_clock() -> None:
         # verl's step timer leaves out what runs between steps (metrics, logging); the time between these
         # stamps is the real period of the training loop, the same measure for every schedule.
         metrics["bench/step_end_ts"] = time.time()
+        # what the step spent in modelled phases on the trainer's path, so the report can tell the real work apart
+        metrics.update({f"bench/{key}": value for key, value in self.__dict__.pop(_STEP_TOTALS, {}).items()})
+        metrics["bench/sync_wall_s"], _SYNC_WALL["s"] = _SYNC_WALL["s"], 0.0
+        metrics["bench/sync_modelled_wall_s"], _SYNC_WALL["modelled_s"] = _SYNC_WALL["modelled_s"], 0.0
         samples = self.__dict__.pop(_STEP_SAMPLES, [])
         if samples:
             metrics.update(token_lag_metrics(samples, trainer_version=self.global_steps - 1, prefix="bench"))
@@ -210,13 +217,17 @@ def padded_update_weights(original):
     async def update_weights(self, *args, **kwargs):
         fired("latency_model_sync_time")
         model = active_model()
-        ends = time.monotonic() + (model.wall(model.sync_s) if model is not None else 0.0)
+        modelled = model.wall(model.sync_s) if model is not None else 0.0
+        ends = time.monotonic() + modelled
         self.__dict__[_SYNC_ENDS] = ends
+        started = time.monotonic()
         try:
             result = await _run_original(original, self, args, kwargs)
         finally:
             self.__dict__.pop(_SYNC_ENDS, None)
         await asyncio.sleep(max(0.0, ends - time.monotonic()))
+        _SYNC_WALL["s"] += time.monotonic() - started
+        _SYNC_WALL["modelled_s"] += modelled
         return result
 
     return update_weights

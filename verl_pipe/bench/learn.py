@@ -29,8 +29,8 @@ from typing import Any, Callable, Optional
 from verl_pipe.quickstart import DATASETS
 from verl_pipe.run_metrics import Validation, validations_from_verl_log
 
-# Each trainer mode and the pipeline benchmark's schedule that prices its step on the hf rollout (sync with the
-# streaming reward, as the quickstart runs it).
+# Each trainer mode and the pipeline benchmark's schedule that prices its step (on the modelled cluster, whose
+# engine semantics are the same whatever the CPU rollout).
 MODE_SCHEDULES = {
     "sync": "verl_sync",
     "separate_async": "verl_separate_async",
@@ -41,17 +41,6 @@ MODE_SCHEDULES = {
 BASELINE_MODE = "sync"
 FUNCTIONS = DATASETS["functions"]  # the task's defaults, as `verl-pipe quickstart --data functions` runs it
 
-
-# Only the hf server receives in-flight loads beside decoding (staged); on vLLM the mode loads once a step and each
-# load stalls the engine, which the benchmark prices as its own schedule.
-STALLING_SCHEDULES = {"in_flight_pipeline": "in_flight_pipeline_stalling"}
-
-
-def pricing_schedules(engine: str) -> dict[str, str]:
-    """Each trainer mode and the benchmark schedule that prices its step on ``engine``'s rollout."""
-    if engine == "hf":
-        return dict(MODE_SCHEDULES)
-    return {mode: STALLING_SCHEDULES.get(mode, schedule) for mode, schedule in MODE_SCHEDULES.items()}
 
 
 @dataclass
@@ -75,14 +64,14 @@ def steps_to_target(validations: list[Validation], target: float) -> Optional[in
                 None)  # fmt: skip
 
 
-def cluster_step_seconds(
-    pipeline_report: dict[str, Any], profile: str = "coding", engine: str = "hf"
-) -> dict[str, float]:
-    """Each trainer mode's step time on the modelled cluster, from a ``bench pipeline`` report: the benchmark's
-    step time (wall seconds under the latency model) divided by the model's time scale (wall s per cluster s)."""
-    scale = pipeline_report["latency_models"][profile]["time_scale"]
-    by_schedule = {r["schedule"]: r["step_s"] for r in pipeline_report["runs"] if r["profile"] == profile}
-    return {mode: by_schedule[s] / scale for mode, s in pricing_schedules(engine).items() if s in by_schedule}
+def cluster_step_seconds(pipeline_report: dict[str, Any], profile: str = "coding") -> dict[str, float]:
+    """Each trainer mode's step time on the modelled cluster, from a ``bench pipeline`` report: the mean over its
+    blocks of the benchmark's step time in the cluster's seconds."""
+    steps: dict[str, list[float]] = {}
+    for run in pipeline_report["runs"]:
+        if run["profile"] == profile:
+            steps.setdefault(run["schedule"], []).append(run["step_s"])
+    return {mode: sum(steps[s]) / len(steps[s]) for mode, s in MODE_SCHEDULES.items() if s in steps}
 
 
 @dataclass
@@ -191,9 +180,9 @@ def price_steps(cfg: LearnBenchConfig, out_dir: str, address: str, progress: Cal
             return json.load(fh)
     from verl_pipe.bench.pipeline import BenchConfig, run_bench
 
-    schedules = tuple(pricing_schedules(cfg.engine)[m] for m in cfg.modes)
+    schedules = tuple(MODE_SCHEDULES[m] for m in cfg.modes)
     progress(f"pricing the steps: bench pipeline, coding profile, {', '.join(schedules)}")
-    bench = BenchConfig(profiles=("coding",), schedules=schedules, ray_address=address,
+    bench = BenchConfig(profiles=("coding",), schedules=schedules, blocks=1, sensitivity=False, ray_address=address,
                         out_dir=os.path.join(out_dir, "pipeline"))  # fmt: skip
     return run_bench(bench, progress=progress)
 
@@ -234,13 +223,12 @@ def run_learn_bench(cfg: LearnBenchConfig, progress: Callable[[str], None] = pri
     head = contextlib.nullcontext(cfg.ray_address) if cfg.ray_address else local_ray_head(num_cpus=16)
     with head as address:
         report = price_steps(cfg, out_dir, address, progress)
-        seconds = cluster_step_seconds(report, engine=cfg.engine)
+        seconds = cluster_step_seconds(report)
         unpriced = [m for m in modes if m not in seconds]
         if unpriced:  # before an hour of training, not after it
-            schedules = pricing_schedules(cfg.engine)
             raise ValueError(
                 f"the pipeline report has no coding-profile step time for {unpriced} (schedules "
-                f"{[schedules[m] for m in unpriced]}): run `verl-pipe bench pipeline --profiles coding` with "
+                f"{[MODE_SCHEDULES[m] for m in unpriced]}): run `verl-pipe bench pipeline --profiles coding` with "
                 "them, or leave out --pipeline-report"
             )
         before: Optional[Validation] = None  # the untrained model's greedy answers

@@ -1,6 +1,6 @@
 """A modelled GPU rollout replica: when each request would end, given everything else the replica runs.
 
-Decode is memory-bound (the sizing helper's roofline): each decode step streams the weights once and the KV
+Decode is memory-bound (the roofline of :mod:`verl_pipe.bench.cluster`): each decode step streams the weights once and the KV
 cache of every running request, and gives each running request one token. A step therefore costs
 ``1 / decode_tokens_per_s + kv_step_s_per_ktoken * context / 1000`` modelled seconds, where ``context`` is the
 number of tokens all running requests hold (prompt plus what they decoded so far). A replica full of long
@@ -77,30 +77,39 @@ class ReplicaSim:
         self.now = 0.0  # modelled seconds since the replica was made
         self.running: list[ModelledRequest] = []
         self.waiting: deque[ModelledRequest] = deque()
-        self._stall_s = 0.0  # prefill still to run before decoding resumes
-        self.busy_s = 0.0  # modelled seconds with at least one request running or prefilling
+        self._stall_s = 0.0  # prefill and weight loads still to run before decoding resumes
+        self._load_s = 0.0  # of which weight loads: time that passes, but no work
+        self.busy_s = 0.0  # modelled seconds decoding or prefilling (not waiting for a load)
 
     # --- the roofline ---------------------------------------------------------------------------------------
 
     @property
     def _weights_step_s(self) -> float:
-        return 1.0 / self.model.decode_tokens_per_s
+        """A decode step's fixed part: streaming the weights, or, with many requests running, their matmuls
+        (compute-bound beyond a few hundred on a GPU: 2 x params FLOPs per request)."""
+        compute = self.model.decode_compute_s_per_request * self._weight * len(self.running)
+        return max(1.0 / self.model.decode_tokens_per_s, compute)
 
     @property
     def _kv_step_s_per_token(self) -> float:
         return self.model.kv_step_s_per_ktoken / 1000.0
 
+    @property
+    def _weight(self) -> int:
+        """The cluster's requests each modelled request stands for (LatencyModel.request_multiplicity)."""
+        return self.model.request_multiplicity
+
     def _context(self) -> float:
-        return sum(self.model.prompt_tokens + r.decoded for r in self.running)
+        return self._weight * sum(self.model.prompt_tokens + r.decoded for r in self.running)
 
     def _steps_time(self, steps: float) -> float:
         """Modelled seconds for ``steps`` decode steps of the running requests (each step adds one token each)."""
-        n, k = len(self.running), self._kv_step_s_per_token
+        n, k = self._weight * len(self.running), self._kv_step_s_per_token
         return steps * (self._weights_step_s + k * self._context()) + k * n * steps * (steps - 1) / 2
 
     def _steps_within(self, seconds: float) -> float:
         """How many decode steps (fractional) fit in ``seconds``: the positive root of ``_steps_time(m) = s``."""
-        n, k = len(self.running), self._kv_step_s_per_token
+        n, k = self._weight * len(self.running), self._kv_step_s_per_token
         a = k * n / 2
         b = self._weights_step_s + k * self._context() - a
         if a <= 0:
@@ -113,11 +122,15 @@ class ReplicaSim:
         self.waiting.append(request)
         self._fill()
 
+    def _has_room(self) -> bool:
+        """Whether one more request fits the replica's concurrency (a replica always runs at least one)."""
+        return not self.running or (len(self.running) + 1) * self._weight <= self.model.replica_concurrency
+
     def _fill(self) -> None:
-        while self.waiting and len(self.running) < self.model.replica_concurrency:
+        while self.waiting and self._has_room():
             request = self.waiting.popleft()
             request.started_at = self.now
-            self._stall_s += request.prefix / self.model.prefill_tokens_per_s
+            self._stall_s += self._weight * request.prefix / self.model.prefill_tokens_per_s
             self.running.append(request)
 
     @property
@@ -126,9 +139,10 @@ class ReplicaSim:
         return self._stall_s
 
     def stall(self, seconds: float) -> None:
-        """The replica decodes nothing for ``seconds`` (an in-flight weight load), after any prefill still due; the
-        time passes even with nothing running, but counts as busy only while requests run."""
+        """The replica decodes nothing for ``seconds`` (an in-flight weight load); the time passes, running or not,
+        and is not busy time (nothing is generated)."""
         self._stall_s += max(0.0, seconds)
+        self._load_s += max(0.0, seconds)
 
     def remove(self, request: ModelledRequest) -> None:
         """Take a request out (aborted, or its real generation failed); whatever it decoded stays decoded."""
@@ -149,10 +163,12 @@ class ReplicaSim:
         finished: list[ModelledRequest] = []
         while seconds > 0:
             stall = min(self._stall_s, seconds)
+            load = min(self._load_s, stall)  # a load holds the replica first, then the prefills due
             self._stall_s -= stall
+            self._load_s -= load
             self.now += stall
-            if self.running:  # a load's stall on an idle replica delays later arrivals but is not busy time
-                self.busy_s += stall
+            if self.running:  # prefill is work; a load's wait is not
+                self.busy_s += stall - load
             seconds -= stall
             if seconds <= 0 or not self.running:
                 break
@@ -174,9 +190,73 @@ class ReplicaSim:
         return finished
 
 
+class PoolSim:
+    """A sampler pool: ``model.replicas`` replicas, each request sent to the least loaded (verl's load balancer
+    picks the server with the fewest requests in flight). The same interface as one :class:`ReplicaSim`; a weight
+    load reaches every replica at once."""
+
+    def __init__(self, model: "LatencyModel", replica_factory: Callable[["LatencyModel"], ReplicaSim] = ReplicaSim):
+        self.model = model
+        self.replicas = [replica_factory(model) for _ in range(model.replicas)]
+        self._home: dict[int, ReplicaSim] = {}  # id(request) -> its replica
+
+    @property
+    def now(self) -> float:
+        return self.replicas[0].now
+
+    @property
+    def running(self) -> list[ModelledRequest]:
+        return [r for replica in self.replicas for r in replica.running]
+
+    @property
+    def waiting(self) -> list[ModelledRequest]:
+        return [r for replica in self.replicas for r in replica.waiting]
+
+    @property
+    def busy_s(self) -> float:
+        """Busy time averaged over the replicas (the pool's GPU-time share, times its age)."""
+        return sum(replica.busy_s for replica in self.replicas) / len(self.replicas)
+
+    @property
+    def pending_stall_s(self) -> float:
+        return max(replica.pending_stall_s for replica in self.replicas)
+
+    def admit(self, request: ModelledRequest) -> None:
+        replica = min(self.replicas, key=lambda r: len(r.running) + len(r.waiting))
+        self._home[id(request)] = replica
+        replica.admit(request)
+
+    def remove(self, request: ModelledRequest) -> None:
+        replica = self._home.pop(id(request), None)
+        if replica is not None:
+            replica.remove(request)
+
+    def stall(self, seconds: float) -> None:
+        for replica in self.replicas:
+            replica.stall(seconds)
+
+    def take_all(self) -> list[ModelledRequest]:
+        """Take every running and waiting request out (an aborting sync); what each decoded stays decoded."""
+        taken = []
+        for replica in self.replicas:
+            taken += [*replica.running, *replica.waiting]
+            replica.running, replica.waiting = [], deque()
+        self._home.clear()
+        return taken
+
+    def time_to_next_finish(self) -> float:
+        return min(replica.time_to_next_finish() for replica in self.replicas)
+
+    def advance(self, seconds: float) -> list[ModelledRequest]:
+        finished = [request for replica in self.replicas for request in replica.advance(seconds)]
+        for request in finished:
+            self._home.pop(id(request), None)
+        return finished
+
+
 def batch_generation_s(model: "LatencyModel", lengths: Sequence[int]) -> float:
-    """Modelled seconds for one replica to generate a batch of requests that all arrive at once."""
-    sim = ReplicaSim(model)
+    """Modelled seconds for the sampler pool to generate a batch of requests that all arrive at once."""
+    sim = PoolSim(model)
     for length in lengths:
         sim.admit(ModelledRequest(total=int(length), decoded=0.0, prefix=model.prompt_tokens))
     while sim.running:
@@ -196,7 +276,7 @@ class ModelledReplica:
 
     def __init__(self, model: "LatencyModel"):
         self.model = model
-        self.sim = ReplicaSim(model)
+        self.sim = PoolSim(model)
         self._prompt_requests: dict[tuple[int, ...], int] = {}
         # resumed prompt (prompt + the tokens an abort cut at) -> the modelled requests it may continue (a list:
         # samples of one prompt cut before their first token resume with the same ids, and are interchangeable)
@@ -206,9 +286,11 @@ class ModelledReplica:
         self._wake: Optional[asyncio.Event] = None
         self._driver: Optional[asyncio.Task] = None
         self.busy_intervals: list[tuple[float, float]] = []  # wall-clock (time.time) spans with requests running
-        self._busy_since: Optional[float] = None
+        self._busy_since: list[Optional[float]] = [None] * len(self.sim.replicas)  # per replica
+        self._trace_started = False
         self.version: Optional[float] = None  # the modelled policy version (None until weights_loaded names one)
         self._staged: Optional[tuple[float, float]] = None  # a staged load in transfer: (sim time it lands, version)
+        self._ended_at: dict[int, float] = {}  # id(ModelledRequest) -> wall time its modelled request ended
 
     # --- the clock ------------------------------------------------------------------------------------------
 
@@ -229,6 +311,7 @@ class ModelledReplica:
             future = self._waiters.pop(id(request), None)
             if future is not None and not future.done():
                 future.set_result(True)
+                self._ended_at[id(request)] = time.time()
 
     def _switch_to_staged(self) -> None:
         """The staged load's transfer has ended: the running and waiting requests go on under its version."""
@@ -237,23 +320,33 @@ class ModelledReplica:
         self._switch(version, self.sim.running)
 
     def _trace_busy(self) -> None:
-        busy, now = bool(self.sim.running), time.time()
-        if busy and self._busy_since is None:
-            self._busy_since = now
-        elif self._busy_since is not None and (not busy or now - self._busy_since > _TRACE_FLUSH_S):
-            # a replica that never idles must still show up: long spans are written in pieces (merged on load)
-            self._record_span(self._busy_since, now)
-            self._busy_since = now if busy else None
+        now = time.time()
+        for index, replica in enumerate(self.sim.replicas):
+            busy, since = bool(replica.running), self._busy_since[index]
+            if busy and since is None:
+                self._busy_since[index] = now
+            elif since is not None and (not busy or now - since > _TRACE_FLUSH_S):
+                # a replica that never idles must still show up: long spans are written in pieces (merged on load)
+                self._record_span(since, now, replica=index)
+                self._busy_since[index] = now if busy else None
 
-    def _record_span(self, start: float, end: float, kind: str = "busy") -> None:
-        """Append a span to the trace: ``busy`` (requests running), or ``stall`` (an in-flight weight load holds
-        the running requests: inside a busy span, but nothing is generated)."""
+    def _record_span(self, start: float, end: float, kind: str = "busy", replica: Optional[int] = None) -> None:
+        """Append a span to the trace: ``busy`` (a replica has requests running), ``stall`` (an in-flight weight
+        load holds every replica's running requests: inside busy spans, but nothing is generated), or ``late`` (a
+        request's real answer came after its modelled end: the CPU, not the model, held it back)."""
         if kind == "busy":
             self.busy_intervals.append((start, end))
         path = os.environ.get(SAMPLER_TRACE_ENV)
         if path:
-            record = {"start": start, "end": end} if kind == "busy" else {"start": start, "end": end, "kind": kind}
+            record: dict[str, Any] = {"start": start, "end": end}
+            if kind != "busy":
+                record["kind"] = kind
+            if replica is not None:
+                record["replica"] = replica
             with open(path, "a", encoding="utf-8") as handle:
+                if not self._trace_started:  # how many replicas the pool has, for their mean busy share
+                    handle.write(json.dumps({"replicas": len(self.sim.replicas)}) + "\n")
+                    self._trace_started = True
                 handle.write(json.dumps(record) + "\n")
 
     async def _drive(self) -> None:
@@ -311,6 +404,9 @@ class ModelledReplica:
         self._nudge()
         try:
             answer = await generate()
+            ended_at = self._ended_at.pop(id(request), None)
+            if ended_at is not None:  # the CPU's real answer came after the modelled request had ended
+                self._record_span(ended_at, time.time(), kind="late")
             if aborted(answer):  # the server's own generation was cut (real tokens so far): resume from there
                 self._catch_up()
                 self._resumable.setdefault(key + tuple(cut_token_ids(answer)), []).append(request)
@@ -318,6 +414,7 @@ class ModelledReplica:
             ended_normally = await ended
         finally:
             self._waiters.pop(id(request), None)
+            self._ended_at.pop(id(request), None)
             self._catch_up()
             self.sim.remove(request)
             self._trace_busy()
@@ -436,15 +533,29 @@ def _merge(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
-def load_busy_spans(path: str) -> list[tuple[float, float]]:
-    """The spans in which a run's modelled replicas generated (``SAMPLER_TRACE_ENV``): busy spans merged where they
-    overlap, less the in-flight weight loads that held their requests."""
+def _trace_records(path: str) -> list[dict]:
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as handle:
-        records = [r for r in map(json.loads, handle) if r]
-    busy = _merge([(float(r["start"]), float(r["end"])) for r in records if r.get("kind", "busy") == "busy"])
+        return [r for r in map(json.loads, handle) if r]
+
+
+def load_busy_spans(path: str, replica: Optional[int] = None) -> list[tuple[float, float]]:
+    """The spans in which a run's modelled replicas generated (``SAMPLER_TRACE_ENV``): busy spans merged where they
+    overlap (every replica's, or only ``replica``'s), less the in-flight weight loads that held their requests."""
+    records = [r for r in _trace_records(path) if "start" in r]
+    busy = _merge([(float(r["start"]), float(r["end"])) for r in records if r.get("kind", "busy") == "busy"
+                   and (replica is None or r.get("replica", 0) == replica)])  # fmt: skip
     stalls = _merge([(float(r["start"]), float(r["end"])) for r in records if r.get("kind") == "stall"])
+    return _cut(busy, stalls)
+
+
+def late_answer_spans(path: str) -> list[tuple[float, float]]:
+    """The spans by which real answers came after their modelled requests had ended (the CPU's lateness)."""
+    return [(float(r["start"]), float(r["end"])) for r in _trace_records(path) if r.get("kind") == "late"]
+
+
+def _cut(busy: list[tuple[float, float]], stalls: list[tuple[float, float]]) -> list[tuple[float, float]]:
     for stall_start, stall_end in stalls:
         cut: list[tuple[float, float]] = []
         for start, end in busy:
@@ -457,6 +568,17 @@ def load_busy_spans(path: str) -> list[tuple[float, float]]:
                 cut.append((stall_end, end))
         busy = cut
     return busy
+
+
+def pool_busy_share(path: str, start: float, end: float) -> Optional[float]:
+    """The sampler pool's busy share of ``[start, end]``: each replica's, averaged (GPU time at work over GPU time
+    held), or None without a trace."""
+    records = _trace_records(path)
+    if not records:
+        return None
+    header = next((r for r in records if "replicas" in r), {"replicas": 1})
+    shares = [busy_share(load_busy_spans(path, replica=index), start, end) for index in range(int(header["replicas"]))]
+    return sum(shares) / len(shares)
 
 
 def busy_share(spans: Sequence[tuple[float, float]], start: float, end: float) -> float:

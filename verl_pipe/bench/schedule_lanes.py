@@ -5,7 +5,7 @@ it had requests running (:data:`verl_pipe.bench.replica_model.SAMPLER_TRACE_ENV`
 gets the same lane as ours. For our pipelined modes the trainer lane comes from the run's own ``timeline.json``
 (:mod:`verl_pipe.trainers.timeline`). verl's modes write no timeline, so their trainer lane is rebuilt from
 verl's per-step records: each step runs from the previous step's wall-clock stamp to its own, waiting for
-samples first (``timing_s/gen``), then scoring late rewards (the baseline), training, and syncing at the end.
+samples first (``timing_s/gen``), then training, and syncing at the end.
 :func:`verl_pipe.plot.plot_schedules` draws them.
 """
 
@@ -31,13 +31,11 @@ def rebuilt_lanes(records: list[dict], warmup_steps: int, colocated: bool) -> li
     for previous, record in zip(records[warmup_steps - 1 :], records[warmup_steps:]):
         start, end = float(previous["bench/step_end_ts"]), float(record["bench/step_end_ts"])
         wait = float(record.get("timing_s/gen", 0.0))
-        late = float(record.get("bench/reward_after_generation_s", 0.0))
         sync = float(record.get("pipeline/time/sync_s", record.get("timing_s/update_weights", 0.0)))
         cursor = start
-        for name, seconds in (("wait for samples", wait), ("late reward", late)):
-            if seconds > 0:
-                intervals.append(Interval("trainer", name, cursor, min(end, cursor + seconds)))
-                cursor = min(end, cursor + seconds)
+        if wait > 0:
+            cursor = min(end, start + wait)
+            intervals.append(Interval("trainer", "wait for samples", start, cursor))
         intervals.append(Interval("trainer", "train", cursor, max(cursor, end - sync)))
         if sync > 0:
             intervals.append(Interval("trainer", "sync", max(cursor, end - sync), end))
@@ -71,11 +69,14 @@ def sampler_lane(run_dir: str, window_start: float, window_end: float) -> list[I
     ]
 
 
-def schedule_panels(report: dict[str, Any]) -> list[tuple[str, float, list[Interval]]]:
-    """One ``(title, origin, intervals)`` panel per run of the report: its measured steps, from ``origin``."""
+def schedule_panels(report: dict[str, Any], block: int = 0) -> list[tuple[str, float, list[Interval]]]:
+    """One ``(title, origin, intervals)`` panel per run of the report's ``block``: its measured steps, from
+    ``origin``."""
     warmup = int(report["config"]["warmup_steps"])
     panels = []
     for run in report["runs"]:
+        if run.get("block", 0) != block:
+            continue
         run_dir = os.path.dirname(run["log"])
         records = _step_records(run_dir)
         if os.path.exists(os.path.join(run_dir, "checkpoints", "timeline.json")):

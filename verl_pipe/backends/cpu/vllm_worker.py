@@ -35,6 +35,7 @@ class CPUvLLMWorkerExtension(vLLMColocateWorkerExtension):
     def monkey_patch_model(self, *args, **kwargs):
         result = super().monkey_patch_model(*args, **kwargs)  # verl calls it once, when the engine has started
         _count_ended_requests(self.model_runner)
+        _pace_engine_steps(self.model_runner)
         return result
 
     def update_weights_from_ipc(self, peft_config: dict = None, base_sync_done=False, use_shm: bool = False):
@@ -45,6 +46,7 @@ class CPUvLLMWorkerExtension(vLLMColocateWorkerExtension):
         (:mod:`verl_pipe.backends.cpu.in_flight_loads`)."""
         from verl.utils.vllm.vllm_quant_utils import is_quantized_model
 
+        mid_answer = sum(1 for state in self.model_runner.requests.values() if state.output_token_ids)
         sampled_before = _sampled_so_far(self.model_runner)
         if peft_config or self._is_qat_model or self._is_modelopt_qat or is_quantized_model(
             self.model_runner.vllm_config
@@ -71,7 +73,7 @@ class CPUvLLMWorkerExtension(vLLMColocateWorkerExtension):
         for model, model_config in models:
             finalize_layerwise_reload(model, model_config)
             _repack_kept_weights(model)
-        _record_sync_probe(self.model_runner.model)
+        _record_sync_probe(self.model_runner.model, mid_answer)
         return {"sampled_before": sampled_before}
 
 
@@ -105,16 +107,41 @@ def _sampled_so_far(runner) -> dict[str, int]:
 SYNC_PROBE_ENV = "VERL_PIPE_VLLM_SYNC_PROBE"
 
 
-def _record_sync_probe(model: torch.nn.Module) -> None:
+def _record_sync_probe(model: torch.nn.Module, mid_answer: int) -> None:
+    """``mid_answer``: the running requests that had sampled some of their answer when this load began."""
     path = os.environ.get(SYNC_PROBE_ENV)
     if not path:
         return
     # Linear weights live packed inside their GEMM closures on CPU; the embedding (and a tied LM head) and the
     # norms keep theirs, which is enough to tell one set of weights from another.
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters() if p.numel())
-    record = {"replica": os.environ.get("VERL_REPLICA_RANK", "0"), "checksum": checksum, "time": time.time()}
+    record = {
+        "replica": os.environ.get("VERL_REPLICA_RANK", "0"),
+        "checksum": checksum,
+        "time": time.time(),
+        "mid_answer": mid_answer,
+    }
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
+
+
+# Tests only: seconds each engine step waits before it runs. The runs that need a sync to land while answers decode
+# set it, so that generating a batch outlasts a training step on any CPU (on a fast one the batch was done first).
+STEP_DELAY_ENV = "VERL_PIPE_VLLM_STEP_DELAY_S"
+
+
+def _pace_engine_steps(runner) -> None:
+    delay = float(os.environ.get(STEP_DELAY_ENV) or 0)
+    if delay <= 0:
+        return
+    execute = runner.execute_model
+
+    def paced_execute_model(*args, **kwargs):
+        time.sleep(delay)
+        return execute(*args, **kwargs)
+
+    runner.execute_model = paced_execute_model
+    logger.warning("%s=%s: every vLLM engine step waits that long first (a test setting)", STEP_DELAY_ENV, delay)
 
 
 def _repack_kept_weights(model: torch.nn.Module) -> int:

@@ -1,0 +1,83 @@
+"""The what-if model of every schedule: each keeps its mode's defining property, and each option costs what it
+should, on the named clusters' latency models."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from verl_pipe.bench import cluster as clusters
+from verl_pipe.bench.plan import Knobs, plan, scenario
+from verl_pipe.bench.simulate import SCHEDULES, Scenario, over_seeds, simulate
+
+CODING = clusters.CLUSTERS["deepcoder-14b"]
+TODAY, STAGED = clusters.engine("today"), clusters.engine("staged")
+PROMPTS, SAMPLES = 8, 8
+
+
+def _scenario(schedule: str, sampler_gpus: int = 20, engine=TODAY, **knobs) -> Scenario:
+    layout = clusters.colocated(CODING) if schedule == "sync" else clusters.split(CODING, sampler_gpus)
+    return scenario(CODING, engine, schedule, layout, Knobs(**knobs), PROMPTS, SAMPLES)
+
+
+def test_each_schedule_keeps_its_modes_staleness():
+    estimates = {name: simulate(_scenario(name), steps=12, warmup_steps=3) for name in SCHEDULES}
+    assert estimates["sync"].token_lag == 0 and estimates["minibatch_pipeline"].token_lag == 0  # on-policy
+    assert estimates["one_off_pipeline"].token_lag == pytest.approx(1.0)  # exactly one version behind
+    assert 0 < estimates["in_flight_pipeline"].token_lag <= 1  # within its bound of 1
+    assert 0 < estimates["separate_async"].token_lag < 2
+    lag2 = simulate(_scenario("in_flight_pipeline", max_lag=2), steps=12, warmup_steps=3)
+    assert estimates["in_flight_pipeline"].token_lag < lag2.token_lag <= 2
+    for estimate in estimates.values():
+        assert 0 < estimate.sampler_busy <= 1 and 0 < estimate.trainer_busy <= 1
+
+
+def test_sync_takes_turns_the_separate_pools_overlap():
+    """verl's sync generates, then trains, on the same GPUs: its step is the sum of its phases."""
+    sync = simulate(_scenario("sync"), steps=8, warmup_steps=2)
+    model = _scenario("sync").model
+    train = sync.trainer_busy * sync.step_s
+    assert sync.step_s > train + model.sync_s  # generation is not hidden
+    one_off = simulate(_scenario("one_off_pipeline", sampler_gpus=28), steps=8, warmup_steps=2)
+    assert one_off.trainer_busy > 0.5  # its trainer works while the sampler generates
+
+
+def test_an_aborting_sync_pays_the_prefill_of_what_it_cut():
+    """verl's separate_async re-prefills every request its sync aborts; with a free prefill the same schedule is
+    faster (the control), and the staged engine, whose abort comes at the end of the transfer, holds no gate."""
+    base = _scenario("separate_async", sync_every=1)
+    free = replace(base, model=replace(base.model, prefill_tokens_per_s=1e15))
+    assert simulate(free, steps=10, warmup_steps=3).step_s < simulate(base, steps=10, warmup_steps=3).step_s
+
+
+def test_a_stalling_load_costs_the_pool_the_transfer_and_a_staged_one_does_not():
+    stalling = _scenario("in_flight_pipeline", load_every_update=True)
+    slow = replace(stalling, model=replace(stalling.model, sync_s=30.0))
+    staged = replace(slow, model=replace(slow.model, staged_loads=True))
+    today, what_if = simulate(slow, steps=10, warmup_steps=3), simulate(staged, steps=10, warmup_steps=3)
+    assert what_if.sampler_busy > today.sampler_busy  # its replicas never stop for a load
+    assert what_if.step_s < today.step_s
+
+
+def test_estimates_are_deterministic_and_seeds_differ():
+    what_if = _scenario("in_flight_pipeline")
+    assert simulate(what_if, seed=3, steps=8) == simulate(what_if, seed=3, steps=8)
+    summary = over_seeds(what_if, seeds=4, steps=8, warmup_steps=2)
+    assert summary.seeds == 4 and summary.step_s_sd > 0
+
+
+def test_the_planner_picks_the_fastest_split_and_knobs_it_priced():
+    chosen = plan(CODING, TODAY, "one_off_pipeline", PROMPTS, SAMPLES, seeds=1, steps=8, warmup_steps=2)
+    assert chosen.layout.gpus == CODING.gpus and not chosen.layout.colocated
+    for sampler, _ in CODING.splits()[::4]:  # no priced split is faster than the chosen one
+        other = scenario(CODING, TODAY, "one_off_pipeline", clusters.split(CODING, sampler), Knobs(), PROMPTS, SAMPLES)
+        assert simulate(other, steps=8, warmup_steps=2).step_s >= chosen.step_s * 0.999
+    assert plan(CODING, TODAY, "sync", PROMPTS, SAMPLES, seeds=1, steps=6, warmup_steps=2).layout.colocated
+
+
+def test_a_scenario_refuses_what_its_schedule_cannot_run():
+    with pytest.raises(ValueError, match="not one of sync"):
+        replace(_scenario("sync"), schedule="colocate_async")
+    with pytest.raises(ValueError, match="must split into 3 equal minibatches"):
+        replace(_scenario("sync"), minibatches=3)

@@ -1,0 +1,173 @@
+"""Choose each trainer mode's layout and knobs on a cluster: the sampler/trainer split, the sync cadence, the loads.
+
+For every mode (verl's ``sync`` and ``separate_async`` as well as ours) the planner prices each split of the
+cluster's GPUs and each setting of the mode's own knobs with the what-if model (:mod:`.simulate`) over a few
+seeds, and keeps the fastest. verl's modes are tuned the same way ours are: ``separate_async`` may sync once a
+step or after every minibatch update (``parameter_sync_step``), as ``in_flight_pipeline`` may load once a step or
+after every update.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from verl_pipe.bench.cluster import Engine, Layout, NamedCluster, colocated, latency_model, split
+from verl_pipe.bench.simulate import Scenario, Summary, over_seeds, simulate
+
+
+@dataclass(frozen=True)
+class Knobs:
+    sync_every: int = 0  # separate_async: minibatch updates per sync (0: once a step)
+    load_every_update: bool = False  # in_flight_pipeline: a load after every minibatch update
+    max_lag: int = 1  # in_flight_pipeline's lag bound
+
+    def describe(self, schedule: str) -> str:
+        if schedule == "separate_async":
+            return "sync every update" if self.sync_every == 1 else "sync once a step"
+        if schedule == "in_flight_pipeline":
+            return f"lag {self.max_lag}, " + ("a load every update" if self.load_every_update else "a load a step")
+        return ""
+
+
+KNOB_OPTIONS = {
+    "separate_async": (Knobs(sync_every=0), Knobs(sync_every=1)),
+    "in_flight_pipeline": (Knobs(load_every_update=False), Knobs(load_every_update=True)),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    schedule: str  # simulate.SCHEDULES name (verl's modes without the verl_ prefix)
+    layout: Layout
+    knobs: Knobs
+    step_s: float  # the mean over the search's seeds, modelled seconds
+
+
+def scenario(cluster: NamedCluster, engine: Engine, schedule: str, layout: Layout, knobs: Knobs,
+             prompts: int, samples: int) -> Scenario:  # fmt: skip
+    """The what-if scenario of one mode on one layout, for a benchmark of ``prompts`` x ``samples`` requests."""
+    model = latency_model(cluster, layout, engine, prompts * samples)
+    return Scenario(schedule, model, prompts=prompts, samples=samples, minibatches=cluster.workload.minibatches,
+                    sync_every=knobs.sync_every, max_lag=knobs.max_lag, load_every_update=knobs.load_every_update)
+
+
+def layouts(cluster: NamedCluster, schedule: str) -> list[Layout]:
+    if schedule == "sync":
+        return [colocated(cluster)]
+    return [split(cluster, sampler) for sampler, _ in cluster.splits()]
+
+
+FINALISTS = 3  # candidates the first, one-seed pass keeps for the full comparison
+
+
+def plan(cluster: NamedCluster, engine: Engine, schedule: str, prompts: int, samples: int, seeds: int = 3,
+         steps: int = 12, warmup_steps: int = 3) -> Plan:  # fmt: skip
+    """The fastest layout and knobs of ``schedule`` on the cluster, by the what-if model's mean over ``seeds``: every
+    candidate on one seed first, then the fastest few on all of them."""
+
+    def mean_step(layout: Layout, knobs: Knobs, seed_count: int) -> float:
+        what_if = scenario(cluster, engine, schedule, layout, knobs, prompts, samples)
+        return statistics.mean(simulate(what_if, seed=seed, steps=steps, warmup_steps=warmup_steps).step_s
+                               for seed in range(seed_count))  # fmt: skip
+
+    candidates = [(layout, knobs) for layout in layouts(cluster, schedule)
+                  for knobs in KNOB_OPTIONS.get(schedule, (Knobs(),))]  # fmt: skip
+    if len(candidates) > FINALISTS:
+        candidates = sorted(candidates, key=lambda c: mean_step(*c, seed_count=1))[:FINALISTS]
+    return min((Plan(schedule, layout, knobs, mean_step(layout, knobs, seeds)) for layout, knobs in candidates),
+               key=lambda chosen: chosen.step_s)  # fmt: skip
+
+
+def expectation(cluster: NamedCluster, engine: Engine, chosen: Plan, prompts: int, samples: int,
+                seeds: int = 30) -> Summary:  # fmt: skip
+    """The chosen plan's noise-free expectation over ``seeds`` draws of response lengths."""
+    return over_seeds(scenario(cluster, engine, chosen.schedule, chosen.layout, chosen.knobs, prompts, samples),
+                      seeds=seeds)  # fmt: skip
+
+
+# --- the planner users run: every mode on their cluster ---------------------------------------------------------
+
+MODES = ("sync", "separate_async", "one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline")
+MAX_SIMULATED_REQUESTS = 64  # requests per step the what-if model runs; each stands for the cluster's rest
+
+
+def simulated_batch(cluster: NamedCluster) -> tuple[int, int]:
+    """(prompts, samples) the what-if model runs for the cluster's batch: the fewest prompts that keep a whole
+    number of the cluster's prompts behind each and the minibatches whole, at most MAX_SIMULATED_REQUESTS
+    requests (the same load per GPU: each request stands for request_multiplicity of the cluster's)."""
+    work = cluster.workload
+    for share in range(1, work.prompts + 1):
+        prompts = work.prompts // share
+        fits = prompts * work.samples <= MAX_SIMULATED_REQUESTS
+        if work.prompts % share == 0 and prompts % work.minibatches == 0 and fits:
+            return prompts, work.samples
+    return work.prompts, work.samples
+
+
+@dataclass(frozen=True)
+class ModePlan:
+    chosen: Plan
+    expected: Summary
+
+
+def plan_modes(cluster: NamedCluster, engine: Engine, seeds: int = 5) -> dict[str, ModePlan]:
+    prompts, samples = simulated_batch(cluster)
+    plans = {}
+    for mode in MODES:
+        chosen = plan(cluster, engine, mode, prompts, samples)
+        plans[mode] = ModePlan(chosen, expectation(cluster, engine, chosen, prompts, samples, seeds=seeds))
+    return plans
+
+
+def pool_overrides(gpus: int, gpus_per_node: int, prefix: str) -> list[str]:
+    """A pool of ``gpus`` as whole nodes, or as a share of one node."""
+    nodes, per_node = (gpus // gpus_per_node, gpus_per_node) if gpus % gpus_per_node == 0 else (1, gpus)
+    return [f"{prefix}.nnodes={nodes}", f"{prefix}.n_gpus_per_node={per_node}"]
+
+
+def hydra_overrides(mode: str, chosen: Plan, gpus_per_node: int) -> list[str]:
+    """What to add to a verl command line to run ``mode`` the way the plan prices it."""
+    layout, knobs = chosen.layout, chosen.knobs
+    if layout.colocated:
+        return ["trainer.v1.trainer_mode=sync", "actor_rollout_ref.hybrid_engine=True",
+                *pool_overrides(layout.gpus, gpus_per_node, "trainer")]  # fmt: skip
+    pools = [*pool_overrides(layout.trainer_gpus, gpus_per_node, "trainer"),
+             *pool_overrides(layout.sampler_gpus, gpus_per_node, "actor_rollout_ref.rollout")]  # fmt: skip
+    if mode == "separate_async":
+        cadence = "1" if knobs.sync_every == 1 else "<train_batch_size / ppo_mini_batch_size>"
+        return ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.hybrid_engine=False",
+                "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+                f"trainer.v1.separate_async.parameter_sync_step={cadence}", *pools]  # fmt: skip
+    extra = []
+    if mode == "in_flight_pipeline":
+        extra = [f"+trainer.v1.in_flight_pipeline.load_every_update={str(knobs.load_every_update).lower()}",
+                 f"+trainer.v1.in_flight_pipeline.max_lag={knobs.max_lag}"]  # fmt: skip
+    return ["'hydra.searchpath=[pkg://verl_pipe.config]'", f"+verl_pipe_trainer={mode}", *extra, *pools]
+
+
+def format_plans(cluster: NamedCluster, engine: Engine, plans: dict[str, ModePlan], gpus_per_node: int) -> str:
+    work = cluster.workload
+    sync_step = plans["sync"].expected.step_s
+    lines = [
+        f"{cluster.shape} on {cluster.gpus} x {cluster.gpu} (TP-{cluster.tp}), {work.prompts} prompts x {work.samples} "
+        f"samples, responses median {work.median_response_tokens} / sigma {work.response_sigma} / cap "
+        f"{work.max_response_tokens}, reward {work.reward_s:g} s per sample; engine {engine.name} ({engine.summary})",
+        *(f"  {name}: {value} ({source})" for name, value, source in cluster.roofline().sources()),
+        "",
+        f"  {'mode':20s} {'layout':24s} {'knobs':28s} {'step s':>12s} {'vs sync':>8s} {'smp busy':>8s} "
+        f"{'trn busy':>8s} {'tok lag':>7s}",
+    ]
+    for mode, planned in plans.items():
+        c, e = planned.chosen, planned.expected
+        lines.append(
+            f"  {mode:20s} {c.layout.describe():24s} {c.knobs.describe(mode) or '-':28s} "
+            f"{e.step_s:7.1f} ±{e.step_s_sd:4.1f} {sync_step / e.step_s:7.2f}x {e.sampler_busy:8.0%} "
+            f"{e.trainer_busy:8.0%} {e.token_lag:7.2f}"
+        )
+    lines += ["", "  hydra overrides (add to your verl command line):"]
+    for mode, planned in plans.items():
+        lines.append(f"  {mode}: {' '.join(hydra_overrides(mode, planned.chosen, gpus_per_node))}")
+    lines.append(f"  (what-if model, {plans['sync'].expected.seeds} seeds; step times in seconds on the cluster; "
+                 "verl-pipe's docs/bench.md says what it does not model)")  # fmt: skip
+    return "\n".join(lines)

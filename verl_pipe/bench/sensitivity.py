@@ -1,0 +1,79 @@
+"""How the benchmark's headline ratios move with what the cluster model assumes: the sensitivity table.
+
+Each row changes one assumption of the profile's named cluster and re-plans every schedule (its split and knobs,
+:mod:`.plan`) with the what-if model (:mod:`.simulate`), so a ratio that holds only under one setting shows it:
+
+* the training time against generation (``train:gen``, verl ``sync``'s layout: 0.1 to 0.6);
+* the weight sync between pools against generation (0.005 to 0.05);
+* the spread of response lengths (log-normal sigma 0.3 to 0.9);
+* the engine (``today``, and the ``staged`` what-if for every schedule).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from typing import Any
+
+from verl_pipe.bench import cluster as clusters
+from verl_pipe.bench.plan import Knobs, plan, scenario
+from verl_pipe.bench.simulate import simulate
+
+SCHEDULES = ("sync", "separate_async", "one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline")
+TRAIN_SHARES = (0.1, 0.3, 0.6)
+SYNC_SHARES = (0.005, 0.02, 0.05)
+SIGMAS = (0.3, 0.9)
+SEEDS, STEPS, WARMUP = 2, 8, 2  # small: the table runs in every `make bench` (each headline what-if has 30 seeds)
+
+
+def _sync_phases(named: clusters.NamedCluster, prompts: int, samples: int) -> tuple[float, float, float]:
+    """verl sync's (generation, training, sync between pools) on the cluster, modelled seconds (seed means)."""
+    engine = clusters.engine("today")
+    layout = clusters.colocated(named)
+    model = clusters.latency_model(named, layout, engine, prompts * samples)
+    runs = [simulate(scenario(named, engine, "sync", layout, Knobs(), prompts, samples), seed=seed, steps=STEPS,
+                     warmup_steps=WARMUP) for seed in range(SEEDS)]  # fmt: skip
+    step = statistics.mean(run.step_s for run in runs)
+    train = statistics.mean(run.trainer_busy for run in runs) * step
+    return step - train - model.sync_s, train, named.roofline().broadcast_sync_s
+
+
+def _row(label: str, named: clusters.NamedCluster, engine: str, prompts: int, samples: int) -> dict[str, Any]:
+    steps = {s: plan(named, clusters.engine(engine), s, prompts, samples, seeds=SEEDS, steps=STEPS,
+                     warmup_steps=WARMUP).step_s for s in SCHEDULES}  # fmt: skip
+    return {"row": label, "step_s": steps}
+
+
+def sensitivity_table(cluster_name: str, prompts: int, samples: int) -> list[dict[str, Any]]:
+    """The rows for one named cluster, for a benchmark batch of ``prompts`` x ``samples``."""
+    named = clusters.cluster(cluster_name)
+    gen, train, sync = _sync_phases(named, prompts, samples)
+    rows = [_row(f"as modelled (train:gen {train / gen:.2f}, sync:gen {sync / gen:.3f})", named, "today", prompts,
+                 samples)]  # fmt: skip
+    for share in TRAIN_SHARES:
+        rows.append(_row(f"train:gen {share:g}", replace(named, train_scale=share * gen / train), "today", prompts,
+                         samples))  # fmt: skip
+    for share in SYNC_SHARES:
+        rows.append(_row(f"sync:gen {share:g}", replace(named, sync_scale=share * gen / sync), "today", prompts,
+                         samples))  # fmt: skip
+    for sigma in SIGMAS:
+        rows.append(_row(f"length sigma {sigma:g}", clusters.with_workload(named, response_sigma=sigma), "today",
+                         prompts, samples))  # fmt: skip
+    rows.append(_row("engine staged (what-if)", named, "staged", prompts, samples))
+    return rows
+
+
+def format_sensitivity(tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+    lines = ["sensitivity (what-if model, every schedule re-planned per row; ratios: speed vs verl's modes)"]
+    for profile, rows in tables.items():
+        lines.append(f"  {profile + ':':48s} {'sync s':>7s} {'s_async':>8s} {'one_off':>8s} {'minibatch':>9s} "
+                     f"{'in_flight':>9s} {'in_flight/s_async':>18s}")  # fmt: skip
+        for row in rows:
+            s = row["step_s"]
+            ratio = {name: s["sync"] / s[name] for name in SCHEDULES}
+            lines.append(
+                f"    {row['row']:46s} {s['sync']:7.1f} {ratio['separate_async']:7.2f}x "
+                f"{ratio['one_off_pipeline']:7.2f}x {ratio['minibatch_pipeline']:8.2f}x "
+                f"{ratio['in_flight_pipeline']:8.2f}x {s['separate_async'] / s['in_flight_pipeline']:17.2f}x"
+            )
+    return lines
