@@ -329,7 +329,8 @@ class Engine:
 
 
 ENGINES = {
-    "today": Engine("today", staged=False, summary="a load pauses decoding for the transfer (vLLM, SGLang today)"),
+    "today": Engine("today", staged=False,
+                    summary="a load pauses decoding for the transfer, as vLLM and SGLang do today"),
     "staged": Engine("staged", staged=True,
                      summary="what-if: loads arrive beside decoding, the second weight copy taken from KV room"),
 }  # fmt: skip
