@@ -1,7 +1,7 @@
 """A modelled GPU rollout replica: when each request would end, given everything else the replica runs.
 
-Decode is memory-bound (the roofline of :mod:`verl_pipe.bench.cluster`): each decode step streams the weights once and the KV
-cache of every running request, and gives each running request one token. A step therefore costs
+Decode is memory-bound (the roofline of :mod:`verl_pipe.bench.cluster`): each decode step streams the weights once
+and the KV cache of every running request, and gives each running request one token. A step therefore costs
 ``1 / decode_tokens_per_s + kv_step_s_per_ktoken * context / 1000`` modelled seconds, where ``context`` is the
 number of tokens all running requests hold (prompt plus what they decoded so far). A replica full of long
 requests decodes each of them slower; the tail of a batch, with few requests left, decodes faster than its
@@ -290,7 +290,6 @@ class ModelledReplica:
         self._trace_started = False
         self.version: Optional[float] = None  # the modelled policy version (None until weights_loaded names one)
         self._staged: Optional[tuple[float, float]] = None  # a staged load in transfer: (sim time it lands, version)
-        self._ended_at: dict[int, float] = {}  # id(ModelledRequest) -> wall time its modelled request ended
 
     # --- the clock ------------------------------------------------------------------------------------------
 
@@ -311,7 +310,6 @@ class ModelledReplica:
             future = self._waiters.pop(id(request), None)
             if future is not None and not future.done():
                 future.set_result(True)
-                self._ended_at[id(request)] = time.time()
 
     def _switch_to_staged(self) -> None:
         """The staged load's transfer has ended: the running and waiting requests go on under its version."""
@@ -331,9 +329,8 @@ class ModelledReplica:
                 self._busy_since[index] = now if busy else None
 
     def _record_span(self, start: float, end: float, kind: str = "busy", replica: Optional[int] = None) -> None:
-        """Append a span to the trace: ``busy`` (a replica has requests running), ``stall`` (an in-flight weight
-        load holds every replica's running requests: inside busy spans, but nothing is generated), or ``late`` (a
-        request's real answer came after its modelled end: the CPU, not the model, held it back)."""
+        """Append a span to the trace: ``busy`` (a replica has requests running) or ``stall`` (an in-flight
+        weight load holds every replica's running requests: inside busy spans, but nothing is generated)."""
         if kind == "busy":
             self.busy_intervals.append((start, end))
         path = os.environ.get(SAMPLER_TRACE_ENV)
@@ -404,9 +401,6 @@ class ModelledReplica:
         self._nudge()
         try:
             answer = await generate()
-            ended_at = self._ended_at.pop(id(request), None)
-            if ended_at is not None:  # the CPU's real answer came after the modelled request had ended
-                self._record_span(ended_at, time.time(), kind="late")
             if aborted(answer):  # the server's own generation was cut (real tokens so far): resume from there
                 self._catch_up()
                 self._resumable.setdefault(key + tuple(cut_token_ids(answer)), []).append(request)
@@ -414,7 +408,6 @@ class ModelledReplica:
             ended_normally = await ended
         finally:
             self._waiters.pop(id(request), None)
-            self._ended_at.pop(id(request), None)
             self._catch_up()
             self.sim.remove(request)
             self._trace_busy()
@@ -548,11 +541,6 @@ def load_busy_spans(path: str, replica: Optional[int] = None) -> list[tuple[floa
                    and (replica is None or r.get("replica", 0) == replica)])  # fmt: skip
     stalls = _merge([(float(r["start"]), float(r["end"])) for r in records if r.get("kind") == "stall"])
     return _cut(busy, stalls)
-
-
-def late_answer_spans(path: str) -> list[tuple[float, float]]:
-    """The spans by which real answers came after their modelled requests had ended (the CPU's lateness)."""
-    return [(float(r["start"]), float(r["end"])) for r in _trace_records(path) if r.get("kind") == "late"]
 
 
 def _cut(busy: list[tuple[float, float]], stalls: list[tuple[float, float]]) -> list[tuple[float, float]]:
