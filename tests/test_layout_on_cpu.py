@@ -46,9 +46,20 @@ def test_wheel_installs_only_the_verl_pipe_namespace(tmp_path):
     assert "verl_pipe = verl_pipe.register" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
-def test_this_suite_is_not_shadowed_by_site_packages_tests():
-    """TransferQueue's wheel installs a top-level `tests` package; pytest must collect ours (importlib mode)."""
-    assert os.path.dirname(os.path.abspath(__file__)) == os.path.join(REPO, "tests")
+def test_this_suite_is_not_shadowed_by_site_packages_tests(request):
+    """TransferQueue's wheel installs a top-level `tests` package (with `tests/e2e`, as ours has); a test module
+    imported under the dotted name `tests.e2e...` could resolve to theirs. pytest.ini asks for importlib mode, which
+    imports each file by its path: every test module loaded in this session must be one of our files."""
+    assert request.config.getoption("importmode") == "importlib", "pytest.ini's --import-mode=importlib is gone"
+    ours = os.path.join(REPO, "tests") + os.sep
+    loaded = {
+        name: os.path.abspath(module.__file__)
+        for name, module in list(sys.modules.items())
+        if os.path.basename(getattr(module, "__file__", None) or "").endswith("_on_cpu.py")
+    }
+    assert __name__ in loaded, "this module is not among the loaded test modules"
+    foreign = {name: path for name, path in loaded.items() if not path.startswith(ours)}
+    assert not foreign, f"test modules loaded from outside {ours}: {foreign}"
 
 
 # --- layers: no module imports one of a higher layer ------------------------------------------------------------

