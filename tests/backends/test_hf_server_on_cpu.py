@@ -160,13 +160,20 @@ def test_latency_model_holds_each_request_for_its_modelled_time(ray_cluster, tin
         drawn = sorted(out.extra_fields["modelled_response_tokens"] for out in outputs)
         assert drawn == sorted(model.response_tokens(prompt, i) for i in range(2))  # the prompt's 1st and 2nd draw
         serial = sum(model.generation_s(tokens) for tokens in drawn)
+        # measured: +5-8 ms over the modelled 2.76 s, +27 ms under 2 busy loops; the rest is room for a loaded
+        # host's Ray calls (the lower bound is the property: the second request waited for the slot).
         assert serial <= elapsed < serial + 3.0, (elapsed, serial)
 
         # A sync aborts a timed request where the modelled replica is: its answer keeps the share decoded (real
         # tokens, marked aborted), and verl's resubmission of prompt + those tokens finishes the same request
         # under the new weights, after re-prefilling its whole prefix.
+        batches = _call(handle.get_stats.remote())["batches"]
         ref = handle.generate.remote(prompt_ids=[9, 9], sampling_params={"temperature": 1.0}, request_id="ab")
-        time.sleep(0.2 + 0.4 * model.response_tokens([9, 9], 0) / 1000.0)  # prefill, then ~40% of its decode
+        while _call(handle.get_stats.remote())["batches"] == batches:  # admitted, and its real tokens decoded
+            time.sleep(0.01)
+        # prefill, then 30% of its 1.2 s decode: the abort lands within [30%, 100%) however late its call arrives
+        # (measured: 2 of 8 tokens kept, idle or under 2 busy loops)
+        time.sleep(0.2 + 0.3 * model.response_tokens([9, 9], 0) / 1000.0)
         _call(handle.abort_all_requests.remote())
         cut = _call(ref)
         assert cut.stop_reason == "aborted" and 0 < len(cut.token_ids) < 8, cut
@@ -193,28 +200,50 @@ def test_in_flight_weight_update_loads_between_decode_steps(ray_cluster, tiny_mo
     from verl.workers.config import HFModelConfig, RolloutConfig
     from verl_pipe.backends.cpu.hf_server import HFRolloutServer
 
-    rollout = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=1024,
+    class PacedServer(HFRolloutServer):
+        """Counts decode steps and can wait before each: a fast CPU decoded the whole answer before the sync came."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.steps, self.step_delay_s = 0, 0.0
+            generate = self.generator.generate
+
+            def paced(*args, policy_version, **kwargs):
+                def version():  # called in the decode thread before every forward pass
+                    self.steps += 1
+                    time.sleep(self.step_delay_s)
+                    return policy_version()
+
+                return generate(*args, policy_version=version, **kwargs)
+
+            self.generator.generate = paced
+
+        async def pace(self, step_delay_s: float) -> None:
+            self.steps, self.step_delay_s = 0, step_delay_s
+
+        async def decode_steps(self) -> int:
+            return self.steps
+
+    rollout = RolloutConfig(name="hf", tensor_model_parallel_size=1, prompt_length=64, response_length=200,
                             dtype="float32")  # fmt: skip
     handle = (
-        ray.remote(HFRolloutServer)
+        ray.remote(PacedServer)
         .options(num_cpus=0, max_concurrency=8)
         .remote(config=OmegaConf.structured(rollout), model_config=HFModelConfig(path=tiny_model_path), replica_rank=0)
     )
     try:
         _call(handle.set_global_steps.remote(3))
-        greedy = {"temperature": 0}
-        # a prompt whose greedy answer runs long enough to be caught mid-decode (deterministic for the tiny model)
-        for first in range(5, 80):
-            started = time.monotonic()
-            reference = _call(handle.generate.remote(prompt_ids=[first, first + 1], sampling_params=greedy,
-                                                     request_id=f"probe{first}"))  # fmt: skip
-            if time.monotonic() - started > 1.0 and len(reference.token_ids) >= 200:
-                break
-        else:
-            pytest.skip("no prompt decodes long enough on this machine to catch a request mid-decode")
-        prompt = [first, first + 1]
+        greedy, prompt = {"temperature": 0}, [5, 6]
+        reference = _call(handle.generate.remote(prompt_ids=prompt, sampling_params=greedy, request_id="reference"))
+        assert len(reference.token_ids) == 200  # no EOS: the tiny model's greedy answer runs to its length
+        # Each decode step waits 20 ms first: >= 4 s for the answer on any CPU (0.15 s here without), so the sync
+        # lands mid-answer (measured: at step 5-7, idle or under 2 busy loops).
+        _call(handle.pace.remote(0.02))
         ref = handle.generate.remote(prompt_ids=prompt, sampling_params=greedy, request_id="in-flight")
-        time.sleep(0.3)  # the batch is decoding now
+        deadline = time.monotonic() + 60
+        while _call(handle.decode_steps.remote()) < 2:  # a token sampled under the old weights
+            assert time.monotonic() < deadline, "the request never started decoding"
+            time.sleep(0.01)
         model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
         torch.manual_seed(2)
         perturbed = [(k, v + 0.05 * torch.randn_like(v)) for k, v in model.state_dict().items()]

@@ -168,7 +168,8 @@ UNIT_S = 3.0
 @pytest.mark.timeout(900)
 def test_measured_steps_match_the_what_if_model(tmp_path, ray_cluster):
     """Two schedules of the math profile through the CLI, one block: the real trainers' step on the modelled
-    cluster is within 10% of the what-if model's expectation (the planner's prediction), and the run is priced."""
+    cluster is within 15% of the what-if model's expectation (the planner's prediction), in_flight's gain over
+    verl_sync is at least half the predicted one, and the run is priced."""
     out = tmp_path / "bench.json"
     argv = [os.path.join(os.path.dirname(sys.executable), "verl-pipe"), "bench", "pipeline", "--profiles", "math",
             "--schedules", "verl_sync,in_flight_pipeline", "--blocks", "1", "--unit-s", str(UNIT_S),
@@ -178,7 +179,15 @@ def test_measured_steps_match_the_what_if_model(tmp_path, ray_cluster):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     what_if = report["profiles"]["math"]["what_if"]
-    for run in report["runs"]:
-        assert run["step_s"] == pytest.approx(what_if[run["schedule"]]["step_s"], rel=0.10), run["step_s_each"]
-    in_flight = next(run for run in report["runs"] if run["schedule"] == "in_flight_pipeline")
+    runs = {run["schedule"]: run for run in report["runs"]}
+    # Two steps of one seed's response lengths: by the model's own spread between seeds, a 2-step mean is ~10% (one
+    # sd) off its expectation. measured: verl_sync -1%, -5%; in_flight -8%, -6% (idle, under 2 busy loops).
+    for name, run in runs.items():
+        assert run["step_s"] == pytest.approx(what_if[name]["step_s"], rel=0.15), run["step_s_each"]
+    # The pipelining itself, paired on the same seed: in_flight gains at least half the speed-up the model predicts
+    # (1.21x). measured: 1.30x, 1.22x. Without overlap, 4 + 4 GPUs take the sum of its phases: ~0.7x (by the model).
+    gain = runs["verl_sync"]["step_s"] / runs["in_flight_pipeline"]["step_s"]
+    predicted = what_if["verl_sync"]["step_s"] / what_if["in_flight_pipeline"]["step_s"]
+    assert gain > 1 + (predicted - 1) / 2, (gain, predicted)
+    in_flight = runs["in_flight_pipeline"]
     assert 0 < in_flight["token_lag_mean"] <= in_flight["token_lag_max"] <= 1 and in_flight["dropped_groups"] == 0

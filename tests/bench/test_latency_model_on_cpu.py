@@ -77,10 +77,11 @@ def test_verls_partial_rollout_pause_is_scaled_with_the_model(monkeypatch):
 
     _patch_partial_rollout_pause()
     assert llm_server.asyncio.Lock is asyncio.Lock  # everything else is asyncio's own
-    monkeypatch.setenv(LATENCY_MODEL_ENV, LatencyModel(time_scale=0.05).to_json())
+    monkeypatch.setenv(LATENCY_MODEL_ENV, LatencyModel(time_scale=0.01).to_json())
     started = time.monotonic()
-    asyncio.run(llm_server.asyncio.sleep(1))
-    assert 0.04 <= time.monotonic() - started < 0.5  # 1 modelled second at time_scale 0.05
+    # 10 modelled seconds at time_scale 0.01: 0.1 s. Unscaled, the pause would run into the 5 s cut-off.
+    asyncio.run(asyncio.wait_for(llm_server.asyncio.sleep(10), timeout=5))
+    assert time.monotonic() - started >= 0.099  # measured: 0.10 s, idle or under 2 busy loops
     monkeypatch.delenv(LATENCY_MODEL_ENV)
     started = time.monotonic()
     asyncio.run(llm_server.asyncio.sleep(0.3))

@@ -10,7 +10,6 @@ import dis
 import re
 import time
 import types
-from datetime import timedelta
 from decimal import Decimal
 
 from hypothesis import HealthCheck, assume, given, settings
@@ -22,9 +21,11 @@ from verl_pipe.reward_score.grading import MAX_NUMERIC_TOKEN_CHARS, stdout_match
 from verl_pipe.reward_score.prelude import prelude_for
 from verl_pipe.reward_score.suites import LCB_PRELUDE
 
+# No hypothesis deadline: it times whole examples (the spec regex, the compiler) and flakes on a loaded host. The
+# calls whose cost is the property (extraction, comparison) are timed one by one below, against a generous bound.
 FUZZ = settings(
     max_examples=300,
-    deadline=timedelta(seconds=2),
+    deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
@@ -100,10 +101,15 @@ def _old_iter_blocks(text: str) -> list[tuple[str, str]]:
     return blocks
 
 
+# Per call, for inputs up to 200 KB. measured: at most 12 ms idle, 55 ms (comparison: 15 ms) under 2 busy loops;
+# a backtracking scan is seconds to hours (the old regex: 3 s on one crafted 30 KB line).
+LINEAR_S = 1.0
+
+
 def _check_extraction(text: str) -> str | None:
     started = time.perf_counter()
     result = extract_last_python_block(text)
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < LINEAR_S
     assert result is None or (isinstance(result, str) and result in text)
     return result
 
@@ -153,7 +159,7 @@ OUTPUT = st.lists(st.tuples(TOKEN, SEPARATOR), max_size=12).map(lambda rows: "".
 def _match(got: str, want: str) -> bool:
     started = time.perf_counter()
     result = stdout_matches(got, want)
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < LINEAR_S
     assert isinstance(result, bool)
     return result
 

@@ -119,44 +119,54 @@ def test_busy_setsid_children_do_not_starve_a_concurrent_sample(backend, no_leak
     timeout = 4.0
     on, off = SandboxConfig(), SandboxConfig(use_cgroups=False)
 
-    alone_on = honest_run(on, timeout)
-    attacked_on = honest_under_attack(on, attack_s=1.5, timeout=timeout)
+    before = honest_run(on, timeout)
+    # Long enough to tell: rlimits only, this run takes x6-11 its pace (x2-3 with a 1.5 s attack: too short)
+    attacked_on = honest_under_attack(on, attack_s=3.5, timeout=timeout)
     assert attacked_on.completed and attacked_on.stdout.strip() == HONEST_ANSWER, attacked_on
-    ratio_on = attacked_on.wall_s / alone_on.wall_s
+    # The pace alone, before and after the attack: one run alone swings 2x with a loaded host's drift.
+    alone = (before.wall_s + honest_run(on, timeout).wall_s) / 2
+    ratio_on = attacked_on.wall_s / alone
 
-    alone_off = honest_run(off, timeout)
-    attacked_off = honest_under_attack(off, attack_s=timeout + 1.0, timeout=timeout)
-    ratio_off = attacked_off.wall_s / alone_off.wall_s  # a timed-out run's wall time is the timeout: a bound
+    off_timeout = max(timeout, 10 * alone)  # a slow host must not cap the control's ratio under its bound
+    attacked_off = honest_under_attack(off, attack_s=off_timeout + 1.0, timeout=off_timeout)
+    # Against the same pace (the rlimits-only sandbox alone is itself slowed 1-3x by a loaded host's processes).
+    ratio_off = attacked_off.wall_s / alone  # a timed-out run's wall time is the timeout: a bound
 
-    summary = (f"alone {alone_on.wall_s:.2f}s / {alone_off.wall_s:.2f}s; under attack with cgroups "
-               f"{attacked_on.wall_s:.2f}s (x{ratio_on:.1f}), without {attacked_off.wall_s:.2f}s (x{ratio_off:.1f}, "
-               f"timed out: {attacked_off.timed_out})")  # fmt: skip
-    # Two sandboxes with equal shares: the honest one keeps at least about half of what it had alone, even on
-    # a machine whose cores are busy with other work (then the sandboxes' parent gets less, for both alike).
-    assert attacked_on.wall_s < timeout / 2, summary
-    assert ratio_on < 3.5, summary
-    assert ratio_off > 4.0 and ratio_off > 2 * ratio_on, summary
+    summary = (f"alone {alone:.2f}s; under attack with cgroups {attacked_on.wall_s:.2f}s (x{ratio_on:.1f}), without "
+               f"{attacked_off.wall_s:.2f}s (x{ratio_off:.1f}, timed out: {attacked_off.timed_out})")  # fmt: skip
+    # Two sandboxes with equal shares, the attacker's capped at one core: the honest one keeps about its pace.
+    # measured: x1.4-2.2, idle or under 2 busy loops (x2.8 once, with a 1.5 s attack); rlimits only: x6-17.
+    assert ratio_on < 4.0, summary
+    assert ratio_off > 5.0 and attacked_off.wall_s > 2 * attacked_on.wall_s, summary
 
 
 def test_the_honest_sample_passes_through_compute_score_while_attacked(backend, no_leak):
+    tests = json.dumps([{"input": "", "output": HONEST_ANSWER + "\n", "testtype": "stdin"}])
+
+    def honest():
+        return compute_score("livecodebench", fenced(HONEST), tests, timeout=3.0)
+
+    before = honest()
     started = threading.Event()
 
-    def attack():
+    def attack():  # outlasts the honest sample's timeout: without cgroups, that sample times out
         with SandboxSession(SandboxConfig()) as box:
-            load(box, ATTACKER.format(seconds=2.0))
+            load(box, ATTACKER.format(seconds=4.5))
             started.set()
-            box.run_test(timeout=4.0)
+            box.run_test(timeout=6.5)
 
     thread = threading.Thread(target=attack)
     thread.start()
     try:
         assert started.wait(30)
         time.sleep(0.3)
-        tests = json.dumps([{"input": "", "output": HONEST_ANSWER + "\n", "testtype": "stdin"}])
-        result = compute_score("livecodebench", fenced(HONEST), tests, timeout=3.0)
+        result = honest()
     finally:
         thread.join()
-    assert result["outcome"] == "pass" and result["time_s"] < 2.0, result
+    alone = (before["time_s"] + honest()["time_s"]) / 2  # the pace, before and after (a loaded host drifts)
+    # measured: x1.3-2.5 its time alone (0.3-0.6 s, the sandbox's start included), idle or under 2 busy loops
+    # (x3.6 once, against one run alone); rlimits only, it times out (x7-10)
+    assert result["outcome"] == "pass" and result["time_s"] < 6 * alone, (alone, result)
 
 
 # -- (b) memory: memfd pages count against the group ------------------------------------------------------------
@@ -219,6 +229,7 @@ def test_memfd_pages_in_several_processes_are_held_to_the_group_limit(backend, n
             stop.set()
             watcher.join()
     elapsed = time.monotonic() - start
+    # measured: typical 0.3-0.5 s, 0.8 s under 2 busy loops (the OOM kill ends it, not the 2 s deadline)
     assert elapsed < 8.0, f"{elapsed:.1f}s: more than the test's timeout, the reply slack and the teardown"
     assert limit // 2 < max(peaks) <= limit + (16 << 20), f"group peak {max(peaks) >> 20} MiB, limit {limit >> 20} MiB"
     assert max(ooms) >= 1
@@ -238,19 +249,20 @@ while True:  # empty files: no bytes for bubblewrap's --size to count, ~1 KiB of
 
 
 def test_an_inode_flood_is_stopped_by_the_memory_limit(backend, no_leak):
-    cfg = SandboxConfig(cgroup_memory_mb=192)
+    cfg, deadline = SandboxConfig(cgroup_memory_mb=192), 15.0
     start = time.monotonic()
     with SandboxSession(cfg) as box:
         group = box._cgroup
         load(box, INODE_FLOOD)
         try:
-            run = box.run_test(timeout=15.0)
+            run = box.run_test(timeout=deadline)
             assert not run.completed and not run.timed_out and run.signal == 9, run
         except (RunnerDied, DeadlineExceeded):
             pass  # the OOM killer took the runner instead of the test process
         peak, ooms = group.memory_peak(), group.oom_kills()
     elapsed = time.monotonic() - start
-    assert elapsed < 10.0, f"the flood ran {elapsed:.1f}s: kernel memory is not charged to the group"
+    # Stopped by the limit, not by the deadline. measured: typical 1.7-2.4 s, 2.8 s under 2 busy loops
+    assert elapsed < deadline, f"the flood ran {elapsed:.1f}s: kernel memory is not charged to the group"
     assert peak is not None and peak <= cfg.cgroup_memory_bytes + (16 << 20)
     assert ooms is None or ooms >= 1
 
