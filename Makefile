@@ -33,8 +33,9 @@ define install_torch
 	  echo "torch: $(TORCH_CPU_INDEX) is not reachable; torch==$(TORCH_VERSION) from pip's default index"; \
 	  $(1)/pip install -q torch==$(TORCH_VERSION); \
 	fi
-	@$(1)/python -c "import torch; cuda = torch.version.cuda; print(f'torch {torch.__version__}:', 'CPU build' if cuda is None else f'CUDA {cuda} build')"
-	@command -v nvidia-smi >/dev/null 2>&1 || $(1)/python -c "import sys, torch; sys.exit(torch.version.cuda is not None)" || \
+	@# (stderr off: before the package's own install, torch warns that numpy is missing)
+	@$(1)/python -c "import torch; cuda = torch.version.cuda; print(f'torch {torch.__version__}:', 'CPU build' if cuda is None else f'CUDA {cuda} build')" 2>/dev/null
+	@command -v nvidia-smi >/dev/null 2>&1 || $(1)/python -c "import sys, torch; sys.exit(torch.version.cuda is not None)" 2>/dev/null || \
 	  echo "WARNING: a CUDA build of torch on a machine without an NVIDIA driver: its CUDA libraries are unused gigabytes; set TORCH_CPU_INDEX to a reachable copy of PyTorch's CPU index and rerun" >&2
 endef
 

@@ -16,7 +16,7 @@ is checked:
   first step) and finishes, with a metrics record for every step;
 * wherever a step samples from the weights the trainer holds (staleness 0), the engine serves them: the
   rollout's and the actor's per-token probabilities correlate (``training/rollout_actor_probs_pearson_corr``)
-  and differ by little (``training/rollout_probs_diff_max`` / ``_mean``), as closely as with the ``hf`` rollout
+  and differ by little on average (``training/rollout_probs_diff_mean``), as closely as with the ``hf`` rollout
   on this model; the reward varies and the learning rate is high, so every update moves the policy far enough
   that an engine left one version behind fails the check;
 * every weight sync changed the engine's weights (a checksum the worker extension appends to a probe file);
@@ -68,10 +68,11 @@ pytestmark = [
 # update at this learning rate made the policy less peaked); a float32 rollout gave the same as bf16, and the hf
 # rollout the same on this model (max 0.11, mean 0.010): the actor's own bf16 compute dominates. An engine
 # serving other weights (the initial dummy ones, or one version behind after this learning rate) gave Pearson
-# 0.0-0.02 and max gaps near 1.
-PROBS_DIFF_MAX_TOL = 0.35
+# 0.0-0.02 and max gaps near 1. The largest single-token gap is no test: in a CI run (2026-11-27) minibatch_pipeline's
+# two updates at this rate blew the policy up (entropy 0.23 -> 3.4, grad norm 33) and one token of a correctly
+# synced engine differed by 0.88, at Pearson 0.976 and mean 0.031. Pearson and the mean separate the two cases.
 PROBS_DIFF_MEAN_TOL = 0.06
-MIN_PEARSON = 0.97
+MIN_PEARSON = 0.9
 # After an update or two at this learning rate the policy may collapse (entropy 0): the engine must then agree to
 # the rounding of the two sides (measured: 1e-6); an engine one version behind puts the mass elsewhere.
 COLLAPSED_DIFF_MAX = 1e-3
@@ -164,7 +165,6 @@ def _records(steps: list[dict], log: str, tail_of, expected: int = STEPS, valida
 
 def _assert_engine_serves_the_trainers_weights(data: dict) -> None:
     assert data["training/off_policy/trajectory_staleness/max"] == 0, "only a step sampled from v_now is comparable"
-    assert data["training/rollout_probs_diff_max"] < PROBS_DIFF_MAX_TOL, data
     assert data["training/rollout_probs_diff_mean"] < PROBS_DIFF_MEAN_TOL, data
     pearson = data["training/rollout_actor_probs_pearson_corr"]
     if pearson is None:  # a collapsed policy: every probability is 1 on both sides, so there is no correlation
@@ -301,7 +301,9 @@ def test_minibatch_pipeline_samples_each_iteration_from_the_synced_weights(tmp_p
     probe = str(tmp_path / "vllm_sync_probe.jsonl")
     rc, steps, log = _run(
         tmp_path, ray_cluster, verl_runner, "minibatch_pipeline",
-        [f"+{PROBE_ENV_OVERRIDE}={probe}", "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
+        # two optimizer steps per iteration: half the rate moves the policy per step about as far as one update does
+        [f"+{PROBE_ENV_OVERRIDE}={probe}", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+         f"actor_rollout_ref.actor.optim.lr={LR / 2}"],
     )  # fmt: skip
     assert rc == 0, tail_of(log)
     records = _records(steps, log, tail_of)
