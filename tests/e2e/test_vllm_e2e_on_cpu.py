@@ -74,8 +74,9 @@ pytestmark = [
 PROBS_DIFF_MEAN_TOL = 0.06
 MIN_PEARSON = 0.9
 # After an update or two at this learning rate the policy may collapse (entropy 0): the engine must then agree to
-# the rounding of the two sides (measured: 1e-6); an engine one version behind puts the mass elsewhere.
-COLLAPSED_DIFF_MAX = 1e-3
+# the rounding of the two sides (measured: 1e-6, and 0.0028 in a CI run of minibatch_pipeline); an engine one
+# version behind puts the mass elsewhere (gaps near 1).
+COLLAPSED_DIFF_MAX = 0.05
 # vLLM's worker inherits the job's environment (verl_pipe.backends.cpu.vllm_worker.SYNC_PROBE_ENV).
 PROBE_ENV_OVERRIDE = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_VLLM_SYNC_PROBE"
 LENGTH_REWARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "length_reward.py")
