@@ -117,10 +117,10 @@ bench: $(call deps_for,$(BENCH_ROLLOUT))
 	$(call bin_for,$(BENCH_ROLLOUT))/verl-pipe bench pipeline --rollout $(BENCH_ROLLOUT) \
 	  --out runs/bench_pipeline.json $(ARGS)
 
-# Does every trainer mode learn (issue 19): SmolLM2 with GRPO+ on the generated function problems, greedy validation
-# on 120 unseen ones, each mode for the same samples; the steps are priced by one block of `bench pipeline` (coding
-# profile; ARGS="--pipeline-report runs/bench_pipeline.json" reuses `make bench`'s), a pricing that is not yet an
-# experiment (docs/learning.md). About 80 min of training on 2 cores with vLLM rollouts, the default for every mode.
+# Does in_flight_pipeline learn as well as verl's sync per step, and reach a target sooner on the modelled cluster:
+# SmolLM2 with GRPO+ on the generated function problems, 3 seeds per mode, greedy validation of 120 unseen ones after
+# every step, compared item by item; each step priced by bench pipeline (coding profile) at the same batch shape
+# (docs/learning.md). About 65 min on 2 cores with vLLM rollouts; ARGS="--out-dir DIR" resumes a bench cut short.
 # LEARN_ROLLOUT=hf needs no .venv-vllm (and takes longer: hf validations are 3-4x slower).
 LEARN_ROLLOUT ?= vllm
 bench-learn: $(call deps_for,$(LEARN_ROLLOUT))

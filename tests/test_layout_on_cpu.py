@@ -1,8 +1,10 @@
-"""The package layout promised in DESIGN.md: top-level folders installed under our namespace, nothing squatted."""
+"""The package layout the README promises (its Layout section): top-level folders installed under our namespace,
+nothing squatted."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -152,3 +154,29 @@ def test_no_module_imports_a_higher_layer():
                 upward.append(f"{where} ({LAYERS[target_layer][0]})")
     assert not unknown, "imports of verl-pipe modules that do not exist:\n" + "\n".join(unknown)
     assert not upward, "imports from a lower layer into a higher one:\n" + "\n".join(upward)
+
+
+# A reader of the repo has neither our issue tracker nor the design notes outside it: comments and docs say what is
+# true and why, without pointing at either.
+OUTSIDE_REFERENCES = re.compile(r"\b[Ii]ssues? #?\d+|\bDESIGN\.md\b")
+
+
+def _outside_references(paths: list[str]) -> list[str]:
+    found = []
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for number, line in enumerate(fh, 1):
+                if OUTSIDE_REFERENCES.search(line):
+                    found.append(f"{os.path.relpath(path, REPO)}:{number}: {line.strip()[:100]}")
+    return found
+
+
+def test_no_comment_or_doc_points_outside_the_repo(tmp_path):
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    texts = [os.path.join(REPO, p) for p in tracked.split()
+             if p.endswith((".py", ".md", ".sh", ".yaml", ".cfg", ".toml")) or p in ("Makefile", ".ci/run")]  # fmt: skip
+    assert len(texts) > 100
+    assert _outside_references(texts) == []
+    planted = tmp_path / "planted.py"  # the control: a comment that cites an issue is found
+    planted.write_text("x = 1  # see issue" + " 19\n")
+    assert len(_outside_references([str(planted)])) == 1

@@ -62,10 +62,11 @@ def test_every_mode_is_covered_here():
     assert set(TRAINER_MODES) == set(MODE_LAYOUT)
 
 
+@pytest.mark.parametrize("minibatches", [1, 2])
 @pytest.mark.parametrize("mode", list(MODE_LAYOUT))
-def test_mode_sets_its_pools_and_weight_sync(mode):
+def test_mode_sets_its_pools_and_weight_sync(mode, minibatches):
     separate, engine = MODE_LAYOUT[mode]
-    cfg = QuickstartConfig(mode=mode, ranks=2, sampler_ranks=3 if separate else None)
+    cfg = QuickstartConfig(mode=mode, ranks=2, sampler_ranks=3 if separate else None, minibatches=minibatches)
     cfg.validate()
     composed = _compose(_overrides(cfg))
     rollout = composed.actor_rollout_ref.rollout
@@ -76,6 +77,7 @@ def test_mode_sets_its_pools_and_weight_sync(mode):
     if separate:
         assert (rollout.nnodes, rollout.n_gpus_per_node) == (1, 3)
         assert composed.ray_kwargs.ray_init.num_cpus >= 2 + 3  # every rank placeable, plus verl's service actors
+    assert composed.actor_rollout_ref.actor.ppo_mini_batch_size * minibatches == composed.data.train_batch_size
     if mode == "separate_async":  # verl asserts this identity at start-up (its default parameter_sync_step is 4)
         sync_step = composed.trainer.v1.separate_async.parameter_sync_step
         assert sync_step * composed.actor_rollout_ref.actor.ppo_mini_batch_size == composed.data.train_batch_size
@@ -191,6 +193,8 @@ def test_a_mode_outside_the_table_passes_through_to_verl():
         ({"trainer": "legacy", "overrides": ["trainer.v1.trainer_mode=minibatch_pipeline"]}, "--trainer legacy"),
         ({"mode": "sync", "sampler_ranks": 2}, "--sampler-ranks sizes a separate rollout pool"),
         ({"mode": "separate_async", "sampler_ranks": 0}, "(--sampler-ranks)"),
+        ({"prompts_per_step": 6, "minibatches": 4}, "(--minibatches, --prompts-per-step)"),
+        ({"minibatches": 0}, "(--minibatches, --prompts-per-step)"),
         ({"mode": "one_off_pipeline", "overrides": ["trainer.v1.trainer_mode=minibatch_pipeline"]},
          "--mode one_off_pipeline and the override trainer.v1.trainer_mode=minibatch_pipeline disagree"),
     ],
@@ -353,3 +357,23 @@ def test_step_summary_from_verl_log_formats(tmp_path):
     with open(log, "a") as fh:
         fh.write('ta": {"timing_s/step": 1.0}}\n')
     assert [step for step, _ in tail.poll()] == [2]  # the partial line is completed, not lost or duplicated
+
+
+def test_the_data_seed_fixes_the_problems_while_the_seed_varies(tmp_path, monkeypatch):
+    """Repeats of an experiment (bench learn's seeds) train and validate on the same problems: data_seed draws
+    them, seed only the sampling; without data_seed the seed draws both, as before."""
+    import pandas as pd
+
+    from verl_pipe import quickstart
+
+    monkeypatch.setattr(quickstart, "check_verl_version", lambda: None)
+
+    def problems(**kwargs) -> list[str]:
+        run_dir, argv, _ = quickstart.prepare(QuickstartConfig(data="functions", out_dir=str(tmp_path / str(kwargs)),
+                                                               **kwargs))  # fmt: skip
+        assert f"actor_rollout_ref.rollout.seed={kwargs['seed']}" in argv
+        frame = pd.read_parquet(os.path.join(run_dir, "data", "val.parquet"))
+        return [row["reward_model"]["ground_truth"] for _, row in frame.iterrows()]
+
+    assert problems(seed=1, data_seed=0) == problems(seed=2, data_seed=0)
+    assert problems(seed=1) != problems(seed=2)  # the control: the seed alone draws other problems

@@ -5,8 +5,8 @@ verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]   (or verl's own metrics lo
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
-verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 2] [--unit-s 3] [--rollout hf|vllm] [--out report.json]
-verl-pipe bench learn [--modes sync,...] [--steps 6] [--val-every 3] [--pipeline-report report.json] [--target 0.45]
+verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 2] [--unit-s 3] [--prompts 8 --samples 4] [--rollout hf|vllm] [--out report.json]
+verl-pipe bench learn [--modes sync,in_flight_pipeline] [--seeds 0,1,2] [--steps 5] [--val-every 1] [--pipeline-report report.json] [--out-dir DIR]
 verl-pipe plan [--cluster deepcoder-14b] [--gpus 32] [--gpu h100] [--model 14b] [--tp 2] [--prompts 32] [--samples 8] [--max-len 16384] [--engine today|staged]
 verl-pipe data prepare deepcoder --src DIR --out DIR [--test-store PATH] | data prepare deepscaler --src FILE --out DIR
 verl-pipe data curate --src DIR --out DIR [--workers N]
@@ -91,6 +91,8 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         steps=args.steps,
         warmup_steps=args.warmup_steps,
         unit_s=args.unit_s,
+        prompts=args.prompts,
+        samples=args.samples,
         seed=args.seed,
         out_dir=args.out_dir,
         ray_address=args.ray_address,
@@ -108,6 +110,11 @@ def _bench_learn(args: argparse.Namespace) -> int:
     options = {k: v for k, v in vars(args).items() if k in known and v is not None}
     if "modes" in options:
         options["modes"] = tuple(options["modes"].split(","))
+    if "seeds" in options:
+        try:
+            options["seeds"] = tuple(int(seed) for seed in options["seeds"].split(","))
+        except ValueError:
+            raise SetupError(f"--seeds takes comma-separated integers, got {options['seeds']!r}") from None
     try:
         cfg = LearnBenchConfig(**options)
         cfg.validate()
@@ -188,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from verl_pipe.quickstart import TRAINER_MODES  # the table only: the run's own imports wait for _quickstart
 
-    from verl_pipe.bench.pipeline import SCHEDULES as PIPELINE_SCHEDULES  # light: no verl, no Ray
+    from verl_pipe.bench.pipeline import PROFILES, SCHEDULES as PIPELINE_SCHEDULES  # light: no verl, no Ray
+
+    shapes = ", ".join(f"{p.name} {p.prompts} x {p.samples}" for p in PROFILES.values())
 
     qs = sub.add_parser(
         "quickstart",
@@ -218,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument("--steps", type=int)
     qs.add_argument("--prompts-per-step", dest="prompts_per_step", type=int)
     qs.add_argument("--samples-per-prompt", dest="samples_per_prompt", type=int)
+    qs.add_argument("--minibatches", type=int, help="optimizer steps per training step (default 1)")
     qs.add_argument("--max-response-length", dest="max_response_length", type=int)
     qs.add_argument("--ranks", type=int, help="trainer ranks (gloo); in sync mode each is also a rollout replica")
     qs.add_argument(
@@ -272,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--warmup-steps", dest="warmup_steps", type=int, default=2)
     pipe.add_argument("--unit-s", dest="unit_s", type=float, default=3.0,
                       help="wall seconds of one verl sync step on the modelled cluster")
+    pipe.add_argument("--prompts", type=int, help="the real batch's prompts per step, each request standing for "
+                      "several of the cluster's (default: the profile's, " + shapes + ")")
+    pipe.add_argument("--samples", type=int, help="samples per prompt (default: the profile's)")
     pipe.add_argument("--seed", type=int, default=0)
     pipe.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                       help="leave out the sensitivity table (what-if model, a few minutes)")
@@ -284,21 +297,28 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.set_defaults(func=_bench_pipeline)
 
     learn = bench_sub.add_parser(
-        "learn", help="validation accuracy of SmolLM2 under every trainer mode, on steps and on the cluster's clock"
+        "learn", help="does a pipelined mode learn as well as verl's sync per step, and reach a target sooner on the "
+        "cluster's clock: seeds, item-paired differences, 95%% intervals"
     )
-    learn.add_argument("--modes", help="comma-separated trainer modes (default: all five; sync is the baseline)")
-    learn.add_argument("--steps", type=int, help="training steps per mode (default 6)")
-    learn.add_argument("--val-every", dest="val_every", type=int, help="validate every N steps (default 3)")
+    learn.add_argument("--modes", help="comma-separated trainer modes (default: sync,in_flight_pipeline; sync is the "
+                       "baseline)")
+    learn.add_argument("--seeds", help="comma-separated seeds, one run per mode each (default 0,1,2)")
+    learn.add_argument("--data-seed", dest="data_seed", type=int, help="the problems every run uses (default 0)")
+    learn.add_argument("--steps", type=int, help="training steps per run (default 5)")
+    learn.add_argument("--val-every", dest="val_every", type=int, help="validate every N steps (default 1)")
     learn.add_argument("--prompts-per-step", dest="prompts_per_step", type=int)
     learn.add_argument("--samples-per-prompt", dest="samples_per_prompt", type=int)
     learn.add_argument("--lr", type=float)
     learn.add_argument("--temperature", type=float, help="rollout temperature (default 0.7; validation is greedy)")
-    learn.add_argument("--target", type=float, help="accuracy to reach (default: sync's before + 0.10)")
+    learn.add_argument("--target", type=float,
+                       help="accuracy to reach (default: the untrained model's upper 95%% bound + 0.10)")
+    learn.add_argument("--pricing-blocks", dest="pricing_blocks", type=int,
+                       help="paired blocks of the pricing bench pipeline run (default 3)")
     learn.add_argument("--rollout", choices=["hf", "vllm"], help="default: vllm when installed, else hf")
     learn.add_argument("--pipeline-report", dest="pipeline_report",
-                       help="a `bench pipeline --out` report that prices the steps (default: run its coding profile)")
-    learn.add_argument("--seed", type=int)
-    learn.add_argument("--out-dir", dest="out_dir", help="where the runs go (default: runs/bench-learn-<time>)")
+                       help="price the steps from this bench pipeline report (run at the same prompts x samples)")
+    learn.add_argument("--out-dir", dest="out_dir",
+                       help="where the runs go (default: runs/bench-learn-<time>); runs already there are kept")
     learn.add_argument("--ray-address", dest="ray_address", help="join this Ray cluster instead of starting one")
     learn.set_defaults(func=_bench_learn)
 
@@ -351,7 +371,17 @@ def _terminate_like_ctrl_c(signum, frame) -> None:
     raise Terminated(f"signal {signum}")
 
 
+# Commands that moved, and where to: argparse alone would answer "invalid choice" and list the others.
+MOVED_COMMANDS = {("bench", "size"): "`verl-pipe bench size` is now `verl-pipe plan` (the same sizing for every mode, "
+                                     "with the overrides to paste; verl-pipe plan --help)"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    for command, pointer in MOVED_COMMANDS.items():
+        if tuple(given[: len(command)]) == command:
+            print(f"verl-pipe: {pointer}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     # Python's default SIGTERM ends the process without its `finally` blocks: a scheduler's or CI's SIGTERM would
     # leave the verl child and the Ray head this command started running on the machine.

@@ -169,35 +169,35 @@ def plot_verl_metrics(metrics_path: str, out_png: str) -> str:
 
 
 def plot_learning(result: dict, out_png: str) -> str:
-    """``bench learn``'s report: validation accuracy (Wilson 95% bars) and training reward of every mode, against
-    steps and against simulated cluster hours, with the target accuracy as a line."""
+    """``bench learn``'s report: each mode's validation accuracy (the mean over seeds with its 95% bootstrap band,
+    each seed thin) and training reward, against steps and against the modelled cluster's hours, with the target
+    accuracy as a line."""
     plt = _pyplot()
-    from verl_pipe.run_metrics import Validation
 
+    analysis = result["analysis"]
+    steps = analysis["steps"]
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), sharey="row")
-    for run in result["runs"]:
-        hours_per_step = run["hours_per_step"]
-        validations = [Validation(**record) for record in run["validations"]]
-        val_steps = [v.step for v in validations]
-        accuracy = [100 * v.accuracy for v in validations]
-        bounds = [v.interval for v in validations]
-        errors = [[a - 100 * low for a, (low, _) in zip(accuracy, bounds)],
-                  [100 * high - a for a, (_, high) in zip(accuracy, bounds)]]  # fmt: skip
-        reward_steps = list(range(1, len(run["rewards"]) + 1))
-        label = f"{run['mode']} ({run['rollout']})"
+    for mode, row in analysis["modes"].items():
+        hours_per_step = row["price_s"] / 3600.0
+        rewards = [run["rewards"] for run in result["runs"] if run["mode"] == mode]
         for column, scale in ((0, 1.0), (1, hours_per_step)):
-            line = axes[0][column].errorbar(
-                [s * scale for s in val_steps], accuracy, yerr=errors, marker="o", capsize=3, label=label
-            )
-            axes[1][column].plot([s * scale for s in reward_steps], run["rewards"], marker=".",
-                                 color=line[0].get_color(), label=label)  # fmt: skip
-    for column, xlabel in ((0, "step"), (1, "simulated cluster hours (step time from bench pipeline, coding)")):
-        axes[0][column].axhline(100 * result["target"], color="k", linestyle="--", linewidth=0.8, label="target")
-        axes[0][column].set_title("greedy validation accuracy (%)")
-        axes[1][column].set_title("training reward (mean score, T=%.1f)" % result["config"]["temperature"])
-        for row in (0, 1):
-            axes[row][column].set_xlabel(xlabel)
-            axes[row][column].grid(alpha=0.3)
+            x = [s * scale for s in steps]
+            line = axes[0][column].plot(x, [100 * a for a in row["accuracy"]], marker="o", label=mode)[0]
+            colour = line.get_color()
+            axes[0][column].fill_between(x, [100 * lo for lo, _ in row["accuracy_interval"]],
+                                         [100 * hi for _, hi in row["accuracy_interval"]], color=colour, alpha=0.15)
+            for per_seed in row["accuracy_per_seed"]:
+                axes[0][column].plot(x, [100 * a for a in per_seed], color=colour, linewidth=0.6, alpha=0.5)
+            for seed_rewards in rewards:
+                axes[1][column].plot([(s + 1) * scale for s in range(len(seed_rewards))], seed_rewards, marker=".",
+                                     color=colour, linewidth=0.8, label=mode if seed_rewards is rewards[0] else None)
+    for column, xlabel in ((0, "step"), (1, "modelled cluster hours (step price from bench pipeline, coding)")):
+        axes[0][column].axhline(100 * analysis["target"], color="k", linestyle="--", linewidth=0.8, label="target")
+        axes[0][column].set_title("greedy validation accuracy (%): seed mean, 95% band; thin: seeds")
+        axes[1][column].set_title("training reward (mean score, T=%.1f), each seed" % result["config"]["temperature"])
+        for row_axes in (0, 1):
+            axes[row_axes][column].set_xlabel(xlabel)
+            axes[row_axes][column].grid(alpha=0.3)
     axes[0][1].legend(fontsize=8, loc="lower right")
     fig.suptitle(f"verl-pipe bench learn: {result['out_dir']}", fontsize=9)
     fig.tight_layout()

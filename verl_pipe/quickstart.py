@@ -68,7 +68,7 @@ class TrainerMode:
     # Otherwise colocated: the rollout replicas live in the trainer ranks and weights move in-process (naive).
     separate_pools: bool
     # verl's separate_async asserts train_batch_size == parameter_sync_step x ppo_mini_batch_size, with a default
-    # of 4; the quickstart trains each batch as one minibatch, so this key is set to 1. (Ours derive it.)
+    # of 4; the quickstart sets it to its minibatches per batch, one sync a batch. (Ours derive it.)
     parameter_sync_step_key: Optional[str] = None
     summary: str = ""
 
@@ -144,6 +144,8 @@ class QuickstartConfig:
     # 8 prompts x 4 samples of SmolLM2-135M: a step of about 85 s on 2 cores (vLLM rollout).
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
+    # Optimizer steps per training step: the batch is split into this many minibatches (ppo_mini_batch_size).
+    minibatches: int = 1
     # None: the dataset's default (DATASETS).
     max_prompt_length: Optional[int] = None
     max_response_length: Optional[int] = None
@@ -160,6 +162,9 @@ class QuickstartConfig:
     validate_at_start: Optional[bool] = None
     validate_at_end: bool = True
     seed: int = 0
+    # The seed that draws the generated problems (--data functions) and splits the embedded ones; None: seed.
+    # Repeats of one experiment vary seed (sampling, data order) over the same problems.
+    data_seed: Optional[int] = None
     out_dir: Optional[str] = None
     # Join this running Ray cluster instead of starting one (tests share one cluster across runs).
     ray_address: Optional[str] = None
@@ -288,6 +293,11 @@ class QuickstartConfig:
             raise SetupError(f"{error} (--ranks, --sampler-ranks)") from None
         if self.samples_per_prompt < 2:
             raise SetupError("samples_per_prompt must be >= 2: GRPO's baseline is the mean of a prompt's group")
+        if self.minibatches < 1 or self.prompts_per_step % self.minibatches:
+            raise SetupError(
+                f"minibatches={self.minibatches} must divide prompts_per_step={self.prompts_per_step} into equal "
+                "minibatches (--minibatches, --prompts-per-step)"
+            )
         if self.rollout == "vllm":
             if self.model == "tiny":
                 raise SetupError(
@@ -326,8 +336,8 @@ def trainer_mode_overrides(cfg: QuickstartConfig) -> list[str]:
             "actor_rollout_ref.hybrid_engine=True",
             "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
         ]
-    if mode.parameter_sync_step_key:
-        overrides.append(f"{mode.parameter_sync_step_key}=1")  # one minibatch per batch (ppo_mini_batch_size below)
+    if mode.parameter_sync_step_key:  # one sync per batch, after its last minibatch (ppo_mini_batch_size below)
+        overrides.append(f"{mode.parameter_sync_step_key}={cfg.minibatches}")
     return overrides
 
 
@@ -356,7 +366,7 @@ def training_overrides(
         # torch.compile on CPU spends tens of seconds compiling in the first step of a three-step demo.
         "actor_rollout_ref.actor.use_torch_compile=False",
         f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts_per_step}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts_per_step // cfg.minibatches}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={cfg.samples_per_prompt}",
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0",
@@ -407,10 +417,11 @@ def prepare(cfg: QuickstartConfig) -> tuple[str, list[str], dict[str, str]]:
     run_dir = os.path.abspath(cfg.out_dir or os.path.join("runs", time.strftime("quickstart-%Y%m%d-%H%M%S")))
     os.makedirs(run_dir, exist_ok=True)
     data_dir = os.path.join(run_dir, "data")
+    data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
     if cfg.data == "functions":
-        train_file, val_file = write_function_dataset(data_dir, seed=cfg.seed, interleave=not cfg.shuffle)
+        train_file, val_file = write_function_dataset(data_dir, seed=data_seed, interleave=not cfg.shuffle)
     else:
-        train_file, val_file = write_embedded_dataset(data_dir, seed=cfg.seed)
+        train_file, val_file = write_embedded_dataset(data_dir, seed=data_seed)
     argv = [
         sys.executable,
         "-m",
@@ -438,12 +449,14 @@ def follow_training(argv: list[str], env: dict[str, str], run_dir: str, steps: i
     """Run the trainer, print one summary line per step as verl logs it, and write metrics.jsonl."""
     from tqdm import tqdm
 
+    from verl_pipe.backends.cpu.shm import removing_leaked_weight_buckets
     from verl_pipe.run_metrics import VerlMetricsTail, summarize_step
 
     log_path = os.path.join(run_dir, "train.log")
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     tail = VerlMetricsTail(env["VERL_FILE_LOGGER_PATH"])
-    with open(log_path, "w", encoding="utf-8") as log, open(metrics_path, "w", encoding="utf-8") as metrics_out:
+    with open(log_path, "w", encoding="utf-8") as log, open(metrics_path, "w", encoding="utf-8") as metrics_out, \
+            removing_leaked_weight_buckets():
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         bar = tqdm(total=steps, desc="RL steps", unit="step", dynamic_ncols=True)
         seen: set[int] = set()

@@ -1,28 +1,36 @@
-"""``verl-pipe bench learn``: its statistics and arithmetic on hand-made records in verl's own log format, the
-report and picture it writes, and its config errors. (The runs themselves are verl's trainer through the
-quickstart, which the end-to-end tests cover; a full bench, on vLLM rollouts, took 88.6 minutes and is
-`make bench-learn`.)"""
+"""``verl-pipe bench learn``: its statistics on hand-made verdicts (each property shown failing when it breaks),
+reading verl's validation dump and a pricing report, the report and picture it writes, and its config errors. (The
+runs themselves are verl's trainer through the quickstart, which the end-to-end tests cover; the experiment is
+`make bench-learn`, docs/learning.md.)"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 
+import numpy as np
 import pytest
 
 from verl_pipe.bench.learn import (
     MODE_SCHEDULES,
     LearnBenchConfig,
-    ModeRun,
-    cluster_step_seconds,
-    compare_runs,
+    Pricing,
+    SeedRun,
     format_report,
-    steps_to_target,
+    item_verdicts,
+    pricing_from_report,
+    pricing_minibatches,
+    write_result,
 )
+from verl_pipe.bench.learn_stats import compare_modes, crossing_step
 from verl_pipe.cli import build_parser
 from verl_pipe.compat import SetupError
 from verl_pipe.run_metrics import Validation, validations_from_verl_log, wilson_interval
+
+ITEMS = [f"problem {i}" for i in range(120)]
+STEPS = (0, 2, 4, 6)
 
 
 def test_wilson_interval_matches_its_closed_forms():
@@ -35,107 +43,180 @@ def test_wilson_interval_matches_its_closed_forms():
         mirror_low, mirror_high = wilson_interval(120 - k, 120)
         assert low == pytest.approx(1 - mirror_high) and high == pytest.approx(1 - mirror_low)
         assert low <= k / 120 <= high
-    width = [high - low for low, high in (wilson_interval(37, 120), wilson_interval(9, 30))]
-    assert width[0] < width[1]  # more items, a tighter interval at about the same rate
     with pytest.raises(ValueError, match="successes <= n"):
         wilson_interval(5, 4)
 
 
-def _verl_log(path, records):
-    with open(path, "w", encoding="utf-8") as fh:
-        for step, data in records:
-            fh.write(json.dumps({"step": step, "data": data}) + "\n")
-    return str(path)
-
-
-def _val(rate):
-    return {"val-aux/verl_pipe/easy_code/passed/mean@1": rate, "val-core/verl_pipe/easy_code/reward/mean@1": rate}
-
-
 def test_validations_are_read_from_verls_log_as_counts(tmp_path):
-    path = _verl_log(tmp_path / "m.jsonl", [
-        (0, _val(37 / 120)),
-        (1, {"timing_s/step": 9.0, "critic/score/mean": 0.2}),
-        (2, {"timing_s/step": 9.0, "critic/score/mean": 0.3, **_val(52 / 120)}),  # verl logs it with the step
-    ])  # fmt: skip
-    assert validations_from_verl_log(path, 120) == [Validation(0, 37, 120), Validation(2, 52, 120)]
+    path = tmp_path / "m.jsonl"
+    rate = {"val-aux/verl_pipe/easy_code/passed/mean@1": 37 / 120, "val-core/verl_pipe/easy_code/reward/mean@1": 0.3}
+    path.write_text(json.dumps({"step": 0, "data": rate}) + "\n"
+                    + json.dumps({"step": 1, "data": {"critic/score/mean": 0.2}}) + "\n")  # fmt: skip
+    assert validations_from_verl_log(str(path), 120) == [Validation(0, 37, 120)]
 
 
-def test_steps_to_target_is_the_first_validation_at_or_above_it():
-    points = [Validation(0, 60, 120), Validation(4, 66, 120), Validation(8, 80, 120), Validation(12, 70, 120)]
-    assert steps_to_target(points, 0.55) == 4
-    assert steps_to_target(points, 80 / 120) == 8  # at the target counts
-    assert steps_to_target(points, 0.9) is None
-    assert steps_to_target(points, 0.1) == 4  # step 0 is the untrained model: never "reached"
+def test_crossing_is_interpolated_between_validations():
+    steps = np.array([0, 2, 4, 6.0])
+    assert crossing_step(steps, np.array([0.3, 0.4, 0.5, 0.6]), 0.45) == pytest.approx(3.0)
+    assert crossing_step(steps, np.array([0.3, 0.5, 0.4, 0.6]), 0.5) == pytest.approx(2.0)  # at the target counts
+    assert crossing_step(steps, np.array([0.3, 0.35, 0.4, 0.42]), 0.45) == math.inf
+    # a dip after the crossing does not move it; only the first crossing counts
+    assert crossing_step(steps, np.array([0.3, 0.6, 0.2, 0.2]), 0.45) == pytest.approx(2 * 0.15 / 0.3)
 
 
-def test_cluster_step_seconds_are_the_mean_over_the_benchmarks_blocks():
-    report = {
-        "runs": [
-            {"profile": "coding", "schedule": "verl_sync", "step_s": 350.0, "block": 0},
-            {"profile": "coding", "schedule": "verl_sync", "step_s": 370.0, "block": 1},
-            {"profile": "coding", "schedule": "verl_separate_async", "step_s": 200.0, "block": 0},
-            {"profile": "math", "schedule": "verl_sync", "step_s": 1.0, "block": 0},
-        ],
-    }
-    assert cluster_step_seconds(report) == {"sync": pytest.approx(360.0), "separate_async": pytest.approx(200.0)}
+def _verdicts(rng, rates, untrained):
+    """One run's verdicts: the untrained ones at step 0, then items passing with the given rate per step; each
+    item's chance follows its difficulty, as real items do (easy items pass under every mode)."""
+    out = {0: untrained}
+    difficulty = np.linspace(-1.5, 1.5, len(ITEMS))
+    for step, rate in zip(STEPS[1:], rates):
+        p = 1 / (1 + np.exp(12 * (difficulty - (rate - 0.5) * 3)))
+        out[step] = {item: int(rng.random() < p[i]) for i, item in enumerate(ITEMS)}
+    return out
 
 
-def _run(mode, passed, seconds, rollout="vllm"):
-    return ModeRun(mode=mode, rollout=rollout, rewards=[0.2, 0.3, 0.35, 0.4],
-                   validations=[Validation(step, p, 120) for step, p in zip((0, 2, 4), passed)],
-                   samples_trained=128, wall_s=1.0, run_dir="/x", cluster_s_per_step=seconds)  # fmt: skip
+def _experiment(pipelined_rates, seeds=(0, 1, 2), rng_seed=0):
+    rng = np.random.default_rng(rng_seed)
+    untrained = {item: int(i % 13 < 4) for i, item in enumerate(ITEMS)}  # 39 of 120 (32.5%)
+    runs = {}
+    for seed in seeds:
+        runs[("sync", seed)] = _verdicts(rng, (0.42, 0.50, 0.55), untrained)
+        runs[("in_flight_pipeline", seed)] = _verdicts(rng, pipelined_rates, untrained)
+    return runs
 
 
-def test_time_to_target_combines_learning_per_step_with_the_priced_step():
-    runs = [
-        _run("sync", (36, 45, 60), 360.0),  # reaches 0.40 at step 4: 0.4 h
-        _run("one_off_pipeline", (36, 50, 62), 180.0),  # at step 2, each step half as long: 0.1 h -> 4x
-        _run("separate_async", (36, 40, 48), 180.0),  # at step 4 with half-length steps: 2x
-        _run("minibatch_pipeline", (36, 38, 40), 300.0),  # never
-    ]
-    table = compare_runs(runs, target=0.40)
-    assert table["sync"]["steps_to_target"] == 4 and table["sync"]["hours_to_target"] == pytest.approx(0.4)
-    assert table["sync"]["speedup_to_target_vs_sync"] == pytest.approx(1.0)
-    assert table["one_off_pipeline"]["speedup_to_target_vs_sync"] == pytest.approx(4.0)
-    assert table["separate_async"]["speedup_to_target_vs_sync"] == pytest.approx(2.0)
-    assert table["minibatch_pipeline"]["hours_to_target"] is None
-    assert table["minibatch_pipeline"]["speedup_to_target_vs_sync"] is None
-    assert table["sync"]["rise"] == pytest.approx(24 / 120)
-    assert table["sync"]["intervals_apart"] is True  # 30% [22.5, 38.7] against 50% [41.2, 58.8]
-    assert table["minibatch_pipeline"]["intervals_apart"] is False
+PRICES = {"sync": [190.0, 186.0, 194.0], "in_flight_pipeline": [128.0, 131.0, 125.0]}
+
+
+def _analyse(runs, **kwargs):
+    options = dict(baseline="sync", target=None, target_margin=0.05, margin=0.05, resamples=1000) | kwargs
+    return compare_modes(runs, PRICES, **options)
+
+
+def test_a_mode_that_learns_as_sync_is_non_inferior_and_its_speedup_is_the_price_ratio():
+    runs = _experiment((0.42, 0.50, 0.55))
+    same = {("in_flight_pipeline", seed): verdicts for (mode, seed), verdicts in runs.items() if mode == "sync"}
+    analysis = _analyse({**{k: v for k, v in runs.items() if k[0] == "sync"}, **same})
+    row = analysis["modes"]["in_flight_pipeline"]
+    assert row["difference"] == [0.0] * 4 and all(row["non_inferior"])
+    assert all(interval == [0.0, 0.0] for interval in row["difference_interval"])  # paired: identical verdicts
+    assert row["speedup_vs_baseline"] == pytest.approx(190.0 / 128.0)
+    assert row["price_ratio_vs_baseline"] == pytest.approx(190.0 / 128.0)
+    low, high = row["speedup_interval"]  # only the pricing blocks vary
+    assert 186.0 / 131.0 - 1e-9 <= low <= high <= 194.0 / 125.0 + 1e-9
+    untrained = analysis["untrained"]
+    assert untrained["passed"] == 39 and analysis["target"] == pytest.approx(untrained["interval"][1] + 0.05)
+
+
+def test_a_mode_that_learns_much_less_is_not_non_inferior():
+    """The negative control: a mode 15 points behind sync after training is flagged, and its time to target is
+    slower than its price alone would say."""
+    good = _analyse(_experiment((0.42, 0.50, 0.55)))["modes"]["in_flight_pipeline"]
+    bad = _analyse(_experiment((0.34, 0.37, 0.40)))["modes"]["in_flight_pipeline"]
+    assert all(good["non_inferior"][1:])
+    assert not any(bad["non_inferior"][1:])
+    assert bad["difference"][-1] < -0.10 and bad["difference_interval"][-1][1] < 0
+    assert bad["speedup_vs_baseline"] < good["speedup_vs_baseline"]
+    assert bad["reached_share"] < 0.5  # it rarely reaches the target within the steps
+
+
+def test_pairing_narrows_the_difference_interval():
+    """Item-paired resampling: the same items for both modes. Resampling them independently (the control)
+    gives a wider interval for the same data, because item difficulty is shared."""
+    runs = _experiment((0.42, 0.50, 0.55))
+    paired = _analyse(runs)["modes"]["in_flight_pipeline"]["difference_interval"][-1]
+    rng = np.random.default_rng(5)
+    sync = np.array([[runs[("sync", s)][6][i] for i in ITEMS] for s in (0, 1, 2)])
+    other = np.array([[runs[("in_flight_pipeline", s)][6][i] for i in ITEMS] for s in (0, 1, 2)])
+    unpaired = [other[:, rng.integers(0, 120, 120)].mean() - sync[:, rng.integers(0, 120, 120)].mean()
+                for _ in range(1000)]  # fmt: skip
+    assert paired[1] - paired[0] < 0.8 * (np.percentile(unpaired, 97.5) - np.percentile(unpaired, 2.5))
+
+
+def test_runs_must_validate_the_same_items_from_the_same_start():
+    runs = _experiment((0.42, 0.50, 0.55))
+    runs[("in_flight_pipeline", 1)][4] = {f"other {i}": 0 for i in range(120)}
+    with pytest.raises(ValueError, match="in_flight_pipeline seed 1"):
+        _analyse(runs)
+    with pytest.raises(ValueError, match="not above the untrained accuracy"):
+        _analyse(_experiment((0.42, 0.50, 0.55)), target=0.2)
+
+
+def test_verdicts_are_read_from_verls_validation_dump(tmp_path):
+    def dump(step, passed, name):
+        with open(tmp_path / name, "w") as fh:
+            for i, item in enumerate(ITEMS[:10]):
+                fh.write(json.dumps({"input": item, "step": step, "score": 1.0, "passed": i < passed}) + "\n")
+
+    dump(0, 3, "0.jsonl")
+    dump(4, 7, "4.jsonl")
+    verdicts = item_verdicts(str(tmp_path), per_verl_step=2)  # separate_async's verl steps: two per step
+    assert list(verdicts) == [0, 2] and sum(verdicts[2].values()) == 7 and verdicts[0]["problem 2"] == 1
+    with open(tmp_path / "4.jsonl", "a") as fh:
+        fh.write(json.dumps({"input": ITEMS[0], "step": 4, "passed": False}) + "\n")
+    with pytest.raises(ValueError, match="the same prompt twice"):
+        item_verdicts(str(tmp_path))
+    (tmp_path / "4.jsonl").write_text(json.dumps({"input": "x", "step": 4, "score": 0.0}) + "\n")
+    with pytest.raises(ValueError, match="'passed'"):
+        item_verdicts(str(tmp_path))
+
+
+def _pipeline_report(prompts=8, samples=4):
+    runs = [{"profile": "coding", "schedule": schedule, "block": block, "step_s": price}
+            for schedule, mode in (("verl_sync", "sync"), ("in_flight_pipeline", "in_flight_pipeline"))
+            for block, price in enumerate(PRICES[mode])]  # fmt: skip
+    runs.append({"profile": "math", "schedule": "verl_sync", "block": 0, "step_s": 1.0})
+    plans = {"verl_sync": {"layout": "32 colocated", "knob_values": {"sync_every": 0, "load_every_update": False,
+                                                                "max_lag": 1}},
+             "in_flight_pipeline": {"layout": "22+10", "knob_values": {"sync_every": 0, "load_every_update": True,
+                                                                       "max_lag": 1}}}  # fmt: skip
+    return {"config": {"prompts": prompts, "samples": samples}, "profiles": {"coding": {"plans": plans}},
+            "runs": runs, "out_dir": "/bench"}  # fmt: skip
+
+
+def test_pricing_reads_each_modes_blocks_and_knobs_from_a_pipeline_report():
+    pricing = pricing_from_report(_pipeline_report(), LearnBenchConfig())
+    assert pricing.step_s == PRICES
+    assert pricing.knobs["in_flight_pipeline"]["load_every_update"] is True
+    assert pricing.layouts["in_flight_pipeline"] == "22+10"
+
+
+def test_a_report_of_another_batch_shape_or_without_a_mode_is_refused():
+    with pytest.raises(ValueError, match=r"run at 8 prompts x 8 samples.*--prompts 8 --samples 4"):
+        pricing_from_report(_pipeline_report(samples=8), LearnBenchConfig())
+    with pytest.raises(ValueError, match=r"no coding-profile step time for \['one_off_pipeline'\]"):
+        pricing_from_report(_pipeline_report(), LearnBenchConfig(modes=("sync", "one_off_pipeline")))
 
 
 def _result(tmp_path):
-    runs = [_run("sync", (36, 45, 60), 360.0), _run("in_flight_pipeline", (36, 48, 58), 190.0, rollout="hf")]
+    runs = _experiment((0.42, 0.50, 0.55))
+    cfg = LearnBenchConfig()
+    pricing = Pricing(step_s=PRICES, knobs={}, layouts={"sync": "32", "in_flight_pipeline": "22+10"}, report="/b")
+    seed_runs = [SeedRun(mode=mode, seed=seed, rollout="vllm", rewards=[0.3, 0.4, 0.5, 0.5, 0.6, 0.6],
+                         validations=[], verdicts=verdicts, samples_trained=192, wall_s=1.0, run_dir="/x")
+                 for (mode, seed), verdicts in runs.items()]  # fmt: skip
     return {
-        "config": {"steps": 4, "prompts_per_step": 8, "samples_per_prompt": 4, "temperature": 0.7},
-        "target": 0.4,
-        "runs": [{**r.__dict__, "validations": [v.__dict__ for v in r.validations], "hours_per_step": r.hours(1)}
-                 for r in runs],  # fmt: skip
-        "comparison": compare_runs(runs, 0.4),
+        "config": {**cfg.__dict__, "seeds": list(cfg.seeds)},
+        "pricing": pricing.__dict__,
+        "runs": [r.__dict__ for r in seed_runs],
+        "analysis": _analyse(runs),
         "out_dir": str(tmp_path),
-        "png": str(tmp_path / "learning.png"),
-        "json": str(tmp_path / "learning.json"),
     }
 
 
-def test_report_prints_intervals_hours_and_ratios(tmp_path):
-    text = format_report(_result(tmp_path))
-    assert "30.0 [22.5,38.7]" in text and "50.0 [41.2,58.8]" in text  # 36/120 and 60/120 with Wilson bounds
-    sync_row = next(line for line in text.splitlines() if line.strip().startswith("sync "))
-    assert "+20.0" in sync_row and "1.00x" in sync_row
-    in_flight_row = next(line for line in text.splitlines() if "in_flight_pipeline" in line)
-    # reaches 40% at step 2 (48/120) with 190 s steps against sync's step 4 with 360 s: 1440 / 380
-    assert f"{1440 / 380:.2f}x" in in_flight_row and " hf " in in_flight_row
-    assert "intervals before/after apart" in text
-
-
-def test_the_picture_is_written(tmp_path):
-    from verl_pipe.plot import plot_learning
-
-    png = plot_learning(_result(tmp_path), str(tmp_path / "learning.png"))
-    assert os.path.getsize(png) > 10_000
+def test_report_and_picture(tmp_path):
+    result = write_result(_result(tmp_path), str(tmp_path))
+    assert os.path.getsize(result["png"]) > 10_000
+    with open(result["json"]) as fh:
+        assert json.load(fh)["analysis"]["items"] == 120
+    text = format_report(result)
+    analysis = result["analysis"]
+    low, high = analysis["untrained"]["interval"]
+    assert f"untrained: 32.5% [{100 * low:.1f}, {100 * high:.1f}] of 120 items" in text
+    row = analysis["modes"]["in_flight_pipeline"]
+    lo, hi = row["speedup_interval"]
+    assert f"{row['speedup_vs_baseline']:.2f}x [{lo:.2f},{hi:.2f}]" in text
+    assert f"{pricing_minibatches()} minibatch updates a step" in text and "22+10 128.0 s/step" in text
 
 
 @pytest.mark.parametrize(
@@ -143,7 +224,10 @@ def test_the_picture_is_written(tmp_path):
     [
         ({"modes": ("sync", "async")}, "unknown modes ['async'] (--modes)"),
         ({"modes": ("one_off_pipeline",)}, "--modes must include sync"),
+        ({"modes": ("sync",)}, "and a mode to compare with it"),
+        ({"seeds": (1, 1)}, "(--seeds)"),
         ({"steps": 6, "val_every": 4}, "(--steps, --val-every)"),
+        ({"prompts_per_step": 7}, "(--prompts-per-step)"),
         ({"target": 45.0}, "(--target)"),
     ],
 )
@@ -152,9 +236,16 @@ def test_bad_settings_name_the_flag(kwargs, message):
         LearnBenchConfig(**kwargs).validate()
 
 
-def test_cli_turns_a_bad_setting_into_a_setup_error():
-    args = build_parser().parse_args(["bench", "learn", "--modes", "sync,one_off", "--steps", "4"])
-    with pytest.raises(SetupError, match=re.escape("unknown modes ['one_off']")):
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--modes", "sync,one_off"], "unknown modes ['one_off']"),
+        (["--seeds", "0,one"], "--seeds takes comma-separated integers"),
+    ],
+)
+def test_cli_turns_a_bad_setting_into_a_setup_error(argv, message):
+    args = build_parser().parse_args(["bench", "learn", *argv])
+    with pytest.raises(SetupError, match=re.escape(message)):
         args.func(args)
 
 
@@ -165,5 +256,22 @@ def test_every_trainer_mode_is_priced_by_a_pipeline_schedule():
     assert set(MODE_SCHEDULES) == set(TRAINER_MODES)
     for mode, schedule in MODE_SCHEDULES.items():
         assert SCHEDULES[schedule].trainer_mode == mode
-    assert LearnBenchConfig(rollout="vllm").engine == "vllm"  # every mode, in_flight_pipeline's loads included
     LearnBenchConfig().validate()  # the defaults are a valid bench
+
+
+def test_the_learning_runs_train_with_the_knobs_their_price_was_measured_with():
+    """The planner's knobs travel through the report (as a dict) into the same overrides the pipeline benchmark
+    gave the schedule."""
+    from dataclasses import asdict
+
+    from verl_pipe.bench.pipeline import knob_overrides
+    from verl_pipe.bench.plan import Knobs
+
+    planned = Knobs(load_every_update=True, max_lag=2)
+    overrides = knob_overrides("in_flight_pipeline", Knobs(**asdict(planned)), minibatches=2)
+    assert overrides == ["+trainer.v1.in_flight_pipeline.load_every_update=true",
+                         "+trainer.v1.in_flight_pipeline.max_lag=2"]  # fmt: skip
+    # separate_async syncing after every update trains each minibatch as a verl step: one update per verl step
+    assert "trainer.v1.separate_async.parameter_sync_step=1" in knob_overrides("separate_async", Knobs(sync_every=1), 2)
+    assert "trainer.v1.separate_async.parameter_sync_step=2" in knob_overrides("separate_async", Knobs(), 2)
+    assert knob_overrides("sync", Knobs(), 2) == []

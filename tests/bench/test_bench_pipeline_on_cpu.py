@@ -49,7 +49,7 @@ def test_every_schedule_of_a_profile_holds_the_whole_cluster():
 
 def test_no_schedule_gets_an_engine_option_another_cannot():
     today = clusters.engine("today")
-    cfg = BenchConfig()
+    cfg = BenchConfig().for_profile("coding")
     models = {name: run_model(CODING, _plan(SCHEDULES[name].trainer_mode), today, cfg, seed=0, time_scale=0.1)
               for name in SCHEDULES}  # fmt: skip
     check_same_engine(models, today)
@@ -159,7 +159,16 @@ def test_config_errors_name_the_problem():
     with pytest.raises(ValueError, match="runs the trainers on engine=today only"):
         BenchConfig(engine="staged").validate()
     with pytest.raises(clusters.ClusterError, match="not a whole multiple of the benchmark's 56"):
-        BenchConfig(prompts=7).validate()
+        BenchConfig(prompts=7, samples=8).validate()
+
+
+def test_each_profile_runs_its_own_real_batch_unless_one_is_given():
+    assert (BenchConfig().for_profile("coding").prompts, BenchConfig().for_profile("coding").samples) == (8, 4)
+    assert BenchConfig().for_profile("math").samples == 8
+    assert BenchConfig(samples=2).for_profile("coding").samples == 2  # a given batch wins
+    assert BenchConfig(prompts=4).for_profile("math").prompts == 4
+    with pytest.raises(clusters.ClusterError, match="not a whole multiple of the benchmark's 28"):
+        BenchConfig(profiles=("coding",), prompts=7).validate()  # 7 x coding's 4
 
 
 UNIT_S = 3.0

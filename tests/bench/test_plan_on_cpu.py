@@ -63,3 +63,10 @@ def test_clusters_it_cannot_price_are_refused_naming_the_flag(argv, message, cap
         main(["plan", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_old_sizing_command_points_to_the_planner(capsys):
+    assert main(["bench", "size", "--gpus", "32"]) == 2
+    assert "`verl-pipe bench size` is now `verl-pipe plan`" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the control: any other unknown bench command is argparse's to refuse
+        main(["bench", "sizes"])

@@ -40,6 +40,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 
+from verl_pipe.backends.cpu.shm import removing_leaked_weight_buckets
 from verl_pipe.data.embedded import write_embedded_dataset
 from verl_pipe.data.function_family import write_function_dataset
 from verl_pipe.quickstart import training_overrides
@@ -100,16 +101,9 @@ VAL_PROBLEMS = 8  # of the demo's 120 held-out problems: the validation's path, 
 
 @pytest.fixture(autouse=True)
 def _remove_leaked_weight_buckets():
-    """verl's weight sender puts each bucket in a named shared-memory segment (``/dev/shm/psm_*``) and unlinks it
-    when it closes; a job that ends by Ray killing its actors never closes it, and each run would leave a few
-    hundred MB in /dev/shm. The job is over when the test is: whatever segment it created goes."""
-    before = set(glob.glob("/dev/shm/psm_*"))
-    yield
-    for path in set(glob.glob("/dev/shm/psm_*")) - before:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+    """Each test's job is over when the test is: the weight-bucket segments it left in /dev/shm go."""
+    with removing_leaked_weight_buckets():
+        yield
 
 
 def _run(tmp_path, ray_cluster, verl_runner, mode: str, extra: tuple[str, ...] = (),

@@ -1,4 +1,4 @@
-"""The attack classes of issue 16 that live in the sandbox and the grader, with payloads written for this file.
+"""The attack classes on a code reward that live in the sandbox and the grader, with payloads written for this file.
 
 * assert suites (HumanEval, MBPP, KodCode) cannot pass without solving: the candidate runs in a process of its
   own, so it cannot forge the harness's success signal, neuter the tests, rebind what they use, or read the
@@ -211,7 +211,7 @@ def _wrong_with(payload: str) -> str:
 @pytest.mark.parametrize("payload", sorted(PAYLOADS))
 @pytest.mark.parametrize("source", sorted(SUITES))
 def test_assert_suite_attacks_do_not_pass(source, payload):
-    """Guards against assert-style suites passing a program that does not solve the task (issue 16, class 2)."""
+    """Guards against assert-style suites passing a program that does not solve the task (attack class 2)."""
     ground_truth, extra_info = SUITES[source]
     result = score(source, _wrong_with(PAYLOADS[payload]), ground_truth, extra_info)
     assert result["score"] == 0.0 and result["outcome"] in ("wrong_answer", "runtime_error", "timeout"), result
@@ -488,7 +488,7 @@ def test_a_sandbox_that_cannot_start_is_sandbox_error_and_proven(monkeypatch):
 
 
 def test_a_huge_program_is_a_compile_error_without_compiling_it():
-    """Guards against a 4 MB program costing gigabytes in the caller and the runner (issue 16, class 7)."""
+    """Guards against a 4 MB program costing gigabytes in the caller and the runner (attack class 7)."""
     program = "x = [" + "1, " * ((4 << 20) // 3) + "]\nprint(input())"
     tracemalloc.start()
     try:
@@ -533,7 +533,7 @@ def test_deeply_nested_return_values_are_runtime_errors():
 
 
 def test_a_32_mib_output_line_costs_little_in_the_caller():
-    """Guards against one huge output line costing gigabytes and seconds in the caller (issue 16, class 7)."""
+    """Guards against one huge output line costing gigabytes and seconds in the caller (attack class 7)."""
     code = "import sys\nsys.stdout.write('7' * (30 << 20) + '\\n')"
     tracemalloc.start()
     try:

@@ -1,29 +1,28 @@
-"""``verl-pipe bench learn`` / ``make bench-learn``: does each trainer mode learn, and how soon on the cluster's clock?
+"""``verl-pipe bench learn`` / ``make bench-learn``: does a pipelined mode learn as much per step as verl's ``sync``,
+and does it reach a target accuracy sooner on the modelled cluster's clock?
 
-A speed-up is only worth having if the same accuracy comes sooner. Each trainer mode trains SmolLM2-135M-Instruct
-with GRPO+ through verl's real trainer on the generated one-function problems (:mod:`verl_pipe.data.function_family`:
-200 training items, 120 validation items the model has never seen) for the same number of samples, validating
-greedily every ``val_every`` steps. Accuracy is the share of validation items whose program passes every test in
-the sandbox, with a Wilson 95% interval.
+The experiment: each trainer mode trains SmolLM2-135M-Instruct with GRPO+ through verl's real trainer on the
+generated one-function problems (:mod:`verl_pipe.data.function_family`: 200 training items, 120 validation items
+the model has never seen), once per seed, validating greedily every ``val_every`` steps. The problems are the same
+for every run (``data_seed``); a seed changes the sampling. Each validation records every item's verdict, so the
+modes are compared item by item at equal steps (:mod:`verl_pipe.bench.learn_stats`).
 
-Two clocks: steps (learning per sample: a mode that trains on stale samples may learn less per step) and the
-simulated cluster's hours. A CPU run cannot say how long a step takes on a GPU cluster, and the 2-core run's own
-step times say nothing about one (every pool shares the same two cores). So the cluster clock is each step
-count times that schedule's step time from the pipeline benchmark (coding profile; :mod:`verl_pipe.bench.pipeline`,
-``make bench``), which runs the same trainers under a latency model of a 14B-on-H100 cluster. Time to target
-combines the two: the first validation at or above the target accuracy, on the cluster's clock, as a ratio
-against verl's ``sync``.
+Two clocks. Steps measure learning per sample. The cluster's clock prices each step from the pipeline benchmark
+(:mod:`verl_pipe.bench.pipeline`, coding profile: DeepCoder-14B on 32 H100, equal GPUs) run at the batch shape the
+learning runs train (prompts x samples per step, the profile's minibatches per step) and with the knobs its
+planner chose for each schedule, which the learning runs then train with. A 2-core run's own step times say
+nothing about a cluster (every pool shares the same two cores).
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib.util
 import json
-import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 from verl_pipe.quickstart import DATASETS
@@ -39,65 +38,48 @@ MODE_SCHEDULES = {
     "in_flight_pipeline": "in_flight_pipeline",
 }
 BASELINE_MODE = "sync"
+PRICING_PROFILE = "coding"
 FUNCTIONS = DATASETS["functions"]  # the task's defaults, as `verl-pipe quickstart --data functions` runs it
+RUN_RECORD = "run.json"  # a finished run's record in its folder: a rerun into the same --out-dir skips it
 
 
+def pricing_minibatches() -> int:
+    """Minibatch updates per step of the pricing profile's cluster: the learning runs train with as many."""
+    from verl_pipe.bench import cluster as clusters
+    from verl_pipe.bench.pipeline import PROFILES
 
-@dataclass
-class ModeRun:
-    mode: str
-    rollout: str
-    rewards: list[float]  # mean training reward per step, steps 1..N
-    validations: list[Validation]
-    samples_trained: int
-    wall_s: float
-    run_dir: str
-    cluster_s_per_step: float = math.nan  # the pipeline benchmark's step time on the modelled cluster
-
-    def hours(self, step: float) -> float:
-        return step * self.cluster_s_per_step / 3600.0
-
-
-def steps_to_target(validations: list[Validation], target: float) -> Optional[int]:
-    """The first validated step (after step 0) whose accuracy reaches ``target``; None when none does."""
-    return next((v.step for v in sorted(validations, key=lambda v: v.step) if v.step > 0 and v.accuracy >= target),
-                None)  # fmt: skip
-
-
-def cluster_step_seconds(pipeline_report: dict[str, Any], profile: str = "coding") -> dict[str, float]:
-    """Each trainer mode's step time on the modelled cluster, from a ``bench pipeline`` report: the mean over its
-    blocks of the benchmark's step time in the cluster's seconds."""
-    steps: dict[str, list[float]] = {}
-    for run in pipeline_report["runs"]:
-        if run["profile"] == profile:
-            steps.setdefault(run["schedule"], []).append(run["step_s"])
-    return {mode: sum(steps[s]) / len(steps[s]) for mode, s in MODE_SCHEDULES.items() if s in steps}
+    return clusters.cluster(PROFILES[PRICING_PROFILE].cluster).workload.minibatches
 
 
 @dataclass
 class LearnBenchConfig:
-    modes: tuple[str, ...] = tuple(MODE_SCHEDULES)
-    # 6 steps of 8x4 samples: every mode rose 14-24 points in the four runs measured (sync: 30.8% -> 48.3%, 45.0%
-    # with shuffled batches, 50.8% and 51.7% in the task's order); the whole bench (five modes, validations at 0, 3
-    # and 6, the pricing run) took 88.6 minutes on 2 cores with vLLM rollouts (93-97 with in_flight_pipeline on hf;
-    # docs/learning.md).
-    steps: int = 6
+    # verl's sync and the pipelined mode of ours that the equal-GPU bench found fastest on the coding profile.
+    modes: tuple[str, ...] = (BASELINE_MODE, "in_flight_pipeline")
+    seeds: tuple[int, ...] = (0, 1, 2)
+    data_seed: int = 0  # the problems every run trains and validates on
+    # 5 steps validated after each: the smoke run (in_flight_pipeline, 2 minibatches a step) went 30.8% -> 43.3%
+    # -> 48.3% in two steps, so the target is crossed early and every step's validation resolves it.
+    steps: int = 5
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
     max_prompt_length: int = FUNCTIONS.max_prompt_length
     max_response_length: int = FUNCTIONS.max_response_length
     temperature: float = FUNCTIONS.temperature
     lr: float = FUNCTIONS.lr
-    val_every: int = 3
-    # The accuracy every mode should reach; None: the accuracy before training plus target_rise.
+    val_every: int = 1
+    # The accuracy to reach; None: the untrained model's upper 95% bound plus target_margin (set before the runs).
     target: Optional[float] = None
-    target_rise: float = 0.10
-    # vllm when this virtualenv has it, else hf; every mode runs on it (in_flight_pipeline's in-flight loads work on
-    # both servers).
+    target_margin: float = 0.10
+    # A pipelined mode is non-inferior at a step when the lower 95% bound of its paired accuracy difference
+    # against sync is above -non_inferiority_margin.
+    non_inferiority_margin: float = 0.05
+    bootstrap: int = 4000
+    # Paired blocks of the pricing run (bench pipeline, coding profile, at this batch shape).
+    pricing_blocks: int = 3
+    # vllm when this virtualenv has it, else hf; every mode runs on it.
     rollout: Optional[str] = None
-    # A ``verl-pipe bench pipeline --out`` report to price the steps with; None: run its coding profile first.
+    # A ``verl-pipe bench pipeline --out`` report to price the steps with (at this batch shape); None: run one.
     pipeline_report: Optional[str] = None
-    seed: int = 0
     out_dir: Optional[str] = None
     ray_address: Optional[str] = None
 
@@ -105,12 +87,18 @@ class LearnBenchConfig:
     def engine(self) -> str:
         return self.rollout or ("vllm" if importlib.util.find_spec("vllm") is not None else "hf")
 
+    @property
+    def minibatches(self) -> int:
+        return pricing_minibatches()
+
     def validate(self) -> None:
         unknown = [m for m in self.modes if m not in MODE_SCHEDULES]
         if unknown:
             raise ValueError(f"unknown modes {unknown} (--modes); choose from {', '.join(MODE_SCHEDULES)}")
-        if BASELINE_MODE not in self.modes:
-            raise ValueError(f"--modes must include {BASELINE_MODE}: every time to target is a ratio against it")
+        if BASELINE_MODE not in self.modes or len(self.modes) < 2:
+            raise ValueError(f"--modes must include {BASELINE_MODE} and a mode to compare with it")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct and at least one, got {self.seeds} (--seeds)")
         if self.steps < 1 or self.val_every < 1:
             raise ValueError(f"steps and val_every must be >= 1, got {self.steps} and {self.val_every}")
         if self.steps % self.val_every:
@@ -118,181 +106,267 @@ class LearnBenchConfig:
                 f"steps ({self.steps}) must be a multiple of val_every ({self.val_every}): verl validates every "
                 "val_every steps and after the last, and the curves need evenly spaced points (--steps, --val-every)"
             )
+        if self.prompts_per_step % self.minibatches:
+            raise ValueError(
+                f"prompts_per_step={self.prompts_per_step} must split into the pricing cluster's {self.minibatches} "
+                "minibatches per step (--prompts-per-step)"
+            )
         if self.target is not None and not 0 < self.target <= 1:
             raise ValueError(f"target must be an accuracy in (0, 1], got {self.target} (--target)")
+        if self.bootstrap < 200:
+            raise ValueError(f"bootstrap must be >= 200 resamples for a 95% interval, got {self.bootstrap}")
 
 
-def _quickstart_config(cfg: LearnBenchConfig, mode: str, run_dir: str, address: str, validate_first: bool):
-    from verl_pipe.quickstart import QuickstartConfig
+# --- pricing: the pipeline benchmark at the learning runs' batch shape ------------------------------------------
 
-    return QuickstartConfig(
-        model="smollm2",
-        mode=mode,
-        data="functions",
-        steps=cfg.steps,
-        prompts_per_step=cfg.prompts_per_step,
-        samples_per_prompt=cfg.samples_per_prompt,
-        max_prompt_length=cfg.max_prompt_length,
-        max_response_length=cfg.max_response_length,
-        temperature=cfg.temperature,
-        lr=cfg.lr,
-        rollout=cfg.engine,
-        # The task's own order, as the demo reads it: every batch holds each family (shuffled batches of 8 miss
-        # some, and sync's rise was then +14 to +18 points in two runs, against the demo's +22 in 5 steps).
-        shuffle=FUNCTIONS.shuffle,
-        seed=cfg.seed,
-        out_dir=run_dir,
-        ray_address=address,
-        validate_at_start=validate_first,
-        overrides=[f"trainer.test_freq={cfg.val_every}"],
+
+@dataclass
+class Pricing:
+    """Each mode's step on the modelled cluster, per paired block of the pipeline benchmark, and its knobs."""
+
+    step_s: dict[str, list[float]]  # mode -> cluster seconds per step, one per block (blocks in the same order)
+    knobs: dict[str, dict[str, Any]]  # mode -> the planner's Knobs as a dict
+    layouts: dict[str, str]
+    report: str  # where the benchmark's report is
+
+
+def pricing_from_report(report: dict[str, Any], cfg: LearnBenchConfig) -> Pricing:
+    """Read a ``bench pipeline`` report; refuse one run at another batch shape or without a mode's schedule."""
+    meta = report["profiles"].get(PRICING_PROFILE, {})
+    shape = (meta.get("prompts") or report["config"]["prompts"], meta.get("samples") or report["config"]["samples"])
+    if shape != (cfg.prompts_per_step, cfg.samples_per_prompt):
+        raise ValueError(
+            f"the pipeline report was run at {shape[0]} prompts x {shape[1]} samples, and the learning runs train "
+            f"{cfg.prompts_per_step} x {cfg.samples_per_prompt}: price them at the shape they train (run `verl-pipe "
+            f"bench pipeline --profiles {PRICING_PROFILE} --prompts {cfg.prompts_per_step} --samples "
+            f"{cfg.samples_per_prompt}`, or leave out --pipeline-report)"
+        )
+    profile = report["profiles"].get(PRICING_PROFILE)
+    blocks: dict[str, dict[int, float]] = {}
+    for run in report["runs"]:
+        if run["profile"] == PRICING_PROFILE:
+            blocks.setdefault(run["schedule"], {})[int(run["block"])] = float(run["step_s"])
+    missing = [m for m in cfg.modes if MODE_SCHEDULES[m] not in blocks or profile is None]
+    if missing:
+        raise ValueError(
+            f"the pipeline report has no {PRICING_PROFILE}-profile step time for {missing}: run `verl-pipe bench "
+            f"pipeline --profiles {PRICING_PROFILE}` with their schedules, or leave out --pipeline-report"
+        )
+    plans = profile["plans"]  # by schedule name
+    names = {mode: MODE_SCHEDULES[mode] for mode in cfg.modes}
+    return Pricing(
+        step_s={mode: [blocks[MODE_SCHEDULES[mode]][b] for b in sorted(blocks[MODE_SCHEDULES[mode]])]
+                for mode in cfg.modes},  # fmt: skip
+        knobs={mode: dict(plans[names[mode]].get("knob_values", {})) for mode in cfg.modes},
+        layouts={mode: plans[names[mode]]["layout"] for mode in cfg.modes},
+        report=report.get("out_dir", ""),
     )
 
 
-def train_mode(cfg: LearnBenchConfig, mode: str, out_dir: str, address: str, validate_first: bool) -> ModeRun:
-    """One mode's run through ``verl-pipe quickstart``'s machinery (progress lines included)."""
-    from verl_pipe.quickstart import follow_training, metrics_log_path, prepare, validation_items
+def price_steps(cfg: LearnBenchConfig, out_dir: str, address: str, progress: Callable[[str], None]) -> Pricing:
+    """The given report, the one a previous call left in ``out_dir``, or a fresh coding-profile run."""
+    saved = os.path.join(out_dir, "pricing.json")
+    path = cfg.pipeline_report or (saved if os.path.exists(saved) else None)
+    if path:
+        with open(path, encoding="utf-8") as fh:
+            return pricing_from_report(json.load(fh), cfg)
+    from verl_pipe.bench.pipeline import BenchConfig, run_bench
 
-    qs = _quickstart_config(cfg, mode, os.path.join(out_dir, mode), address, validate_first)
+    schedules = tuple(MODE_SCHEDULES[m] for m in cfg.modes)
+    progress(f"pricing the steps: bench pipeline, {PRICING_PROFILE} profile, {cfg.prompts_per_step} x "
+             f"{cfg.samples_per_prompt} per step, {cfg.pricing_blocks} blocks of {', '.join(schedules)}")  # fmt: skip
+    bench = BenchConfig(profiles=(PRICING_PROFILE,), schedules=schedules, blocks=cfg.pricing_blocks,
+                        prompts=cfg.prompts_per_step, samples=cfg.samples_per_prompt, sensitivity=False,
+                        ray_address=address, out_dir=os.path.join(out_dir, "pipeline"))  # fmt: skip
+    report = run_bench(bench, progress=progress)
+    with open(saved, "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1)
+    return pricing_from_report(report, cfg)
+
+
+# --- one training run ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class SeedRun:
+    mode: str
+    seed: int
+    rollout: str
+    rewards: list[float]  # mean training reward per step
+    validations: list[Validation]
+    # step -> validation item (its prompt) -> 1 when its program passed every test
+    verdicts: dict[int, dict[str, int]]
+    samples_trained: int
+    wall_s: float
+    run_dir: str
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+
+def item_verdicts(validation_dir: str, per_verl_step: int = 1) -> dict[int, dict[str, int]]:
+    """Every validation's verdict per item, from verl's validation dump (``trainer.validation_data_dir``: one
+    JSONL per validation, a line per item with the reward's extra fields); keyed by step (verl steps over
+    ``per_verl_step``) and the item's prompt."""
+    verdicts: dict[int, dict[str, int]] = {}
+    for path in glob.glob(os.path.join(validation_dir, "*.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                answer = json.loads(line)
+                if "passed" not in answer:
+                    raise ValueError(f"{path}: a validation answer without the reward's 'passed' field: {answer}")
+                step = int(answer["step"]) // per_verl_step
+                items = verdicts.setdefault(step, {})
+                if answer["input"] in items:
+                    raise ValueError(f"{path}: step {step} scores the same prompt twice; items must be distinct")
+                items[answer["input"]] = int(bool(answer["passed"]))
+    return dict(sorted(verdicts.items()))
+
+
+def train_run(cfg: LearnBenchConfig, mode: str, seed: int, knobs: dict[str, Any], out_dir: str, address: str,
+              validate_first: bool) -> SeedRun:  # fmt: skip
+    """One mode at one seed through ``verl-pipe quickstart``'s machinery (progress lines included)."""
+    from verl_pipe.bench.pipeline import knob_overrides, verl_steps_per_step
+    from verl_pipe.bench.plan import Knobs
+    from verl_pipe.plot import load_verl_metrics
+    from verl_pipe.quickstart import QuickstartConfig, follow_training, metrics_log_path, prepare
+
+    planned = Knobs(**knobs)
+    # separate_async syncing after every minibatch trains each minibatch as a verl step of its own
+    per_verl_step = verl_steps_per_step(mode, planned, cfg.minibatches)
+    run_dir = os.path.join(out_dir, f"{mode}-seed{seed}")
+    validation_dir = os.path.join(run_dir, "validation")
+    qs = QuickstartConfig(
+        model="smollm2", mode=mode, data="functions",
+        steps=cfg.steps * per_verl_step,
+        prompts_per_step=cfg.prompts_per_step // per_verl_step,
+        samples_per_prompt=cfg.samples_per_prompt,
+        minibatches=cfg.minibatches // per_verl_step,
+        max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length,
+        temperature=cfg.temperature, lr=cfg.lr, rollout=cfg.engine,
+        # The task's own order, as the demo reads it: every batch holds each family.
+        shuffle=FUNCTIONS.shuffle,
+        seed=seed, data_seed=cfg.data_seed,
+        out_dir=run_dir, ray_address=address, validate_at_start=validate_first,
+        overrides=[f"trainer.test_freq={cfg.val_every * per_verl_step}",
+                   f"trainer.validation_data_dir={validation_dir}",
+                   *knob_overrides(mode, planned, cfg.minibatches)],
+    )  # fmt: skip
     run_dir, argv, env = prepare(qs)
     started = time.time()
     rc = follow_training(argv, env, run_dir, qs.steps)
     if rc != 0:
-        raise RuntimeError(f"bench learn: {mode} failed (exit {rc}); see {os.path.join(run_dir, 'train.log')}")
-    from verl_pipe.plot import load_verl_metrics
-
+        raise RuntimeError(f"bench learn: {mode} seed {seed} failed (exit {rc}); see {run_dir}/train.log")
     steps = load_verl_metrics(metrics_log_path(run_dir))
+    verdicts = item_verdicts(validation_dir, per_verl_step)
+    validations = [Validation(step, sum(items.values()), len(items)) for step, items in verdicts.items()]
+    logged = [v.step // per_verl_step for v in validations_from_verl_log(metrics_log_path(run_dir), 1)]
+    if logged != list(verdicts):  # the dump and verl's own metric must agree on which steps were validated
+        raise RuntimeError(f"{run_dir}: validations logged at {logged}, dumped at {list(verdicts)}")
     trained = sum(1 for _, data in steps if "actor/pg_loss" in data)
-    return ModeRun(
-        mode=mode,
-        rollout=qs.rollout,
+    run = SeedRun(
+        mode=mode, seed=seed, rollout=qs.rollout,
         rewards=[float(data["critic/score/mean"]) for _, data in steps],
-        validations=validations_from_verl_log(metrics_log_path(run_dir), validation_items(run_dir)),
-        samples_trained=trained * cfg.prompts_per_step * cfg.samples_per_prompt,
-        wall_s=time.time() - started,
-        run_dir=run_dir,
-    )
+        validations=validations, verdicts=verdicts,
+        samples_trained=trained * qs.prompts_per_step * qs.samples_per_prompt,
+        wall_s=time.time() - started, run_dir=run_dir, knobs=knobs,
+    )  # fmt: skip
+    with open(os.path.join(run_dir, RUN_RECORD), "w", encoding="utf-8") as fh:
+        json.dump(asdict(run), fh)
+    return run
 
 
-def price_steps(cfg: LearnBenchConfig, out_dir: str, address: str, progress: Callable[[str], None]) -> dict:
-    """The pipeline benchmark's report that prices each mode's step: the one given, or a fresh coding-profile run."""
-    if cfg.pipeline_report:
-        with open(cfg.pipeline_report, encoding="utf-8") as fh:
-            return json.load(fh)
-    from verl_pipe.bench.pipeline import BenchConfig, run_bench
-
-    schedules = tuple(MODE_SCHEDULES[m] for m in cfg.modes)
-    progress(f"pricing the steps: bench pipeline, coding profile, {', '.join(schedules)}")
-    bench = BenchConfig(profiles=("coding",), schedules=schedules, blocks=1, sensitivity=False, ray_address=address,
-                        out_dir=os.path.join(out_dir, "pipeline"))  # fmt: skip
-    return run_bench(bench, progress=progress)
+def load_run(run_dir: str) -> Optional[SeedRun]:
+    path = os.path.join(run_dir, RUN_RECORD)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        record = json.load(fh)
+    record["validations"] = [Validation(**v) for v in record["validations"]]
+    record["verdicts"] = {int(step): items for step, items in record["verdicts"].items()}
+    return SeedRun(**record)
 
 
-def compare_runs(runs: list[ModeRun], target: float) -> dict[str, Any]:
-    """Per mode: the rise from before to after, steps and cluster hours to ``target``, and ratios against sync."""
-    baseline = next(r for r in runs if r.mode == BASELINE_MODE)
-    base_steps = steps_to_target(baseline.validations, target)
-    base_hours = baseline.hours(base_steps) if base_steps else None
-    table = {}
-    for run in runs:
-        before, after = run.validations[0], run.validations[-1]
-        reached = steps_to_target(run.validations, target)
-        hours = run.hours(reached) if reached else None
-        table[run.mode] = {
-            "before": before.accuracy,
-            "after": after.accuracy,
-            "rise": after.accuracy - before.accuracy,
-            "intervals_apart": after.interval[0] > before.interval[1],
-            "steps_to_target": reached,
-            "hours_to_target": hours,
-            # how much sooner than sync (>1: sooner); None when either never reached the target
-            "speedup_to_target_vs_sync": base_hours / hours if hours and base_hours else None,
-        }
-    return table
+# --- the whole experiment ------------------------------------------------------------------------------------
 
 
 def run_learn_bench(cfg: LearnBenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Price the steps, then train every (seed, mode) pair, seed by seed so that a cut-short bench still holds
+    complete pairs; runs already recorded in ``out_dir`` are kept. Returns the analysed result."""
     from verl_pipe.bench.jobs import local_ray_head
 
     cfg.validate()
     out_dir = os.path.abspath(cfg.out_dir or os.path.join("runs", time.strftime("bench-learn-%Y%m%d-%H%M%S")))
     os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(asdict(cfg), fh, indent=1)
     started = time.time()
-    runs: list[ModeRun] = []
-    # sync first: the target comes from its accuracy before training
-    modes = [BASELINE_MODE] + [m for m in cfg.modes if m != BASELINE_MODE]
+    runs: list[SeedRun] = []
+    modes = [BASELINE_MODE, *(m for m in cfg.modes if m != BASELINE_MODE)]
+    order = [(seed, mode) for seed in cfg.seeds for mode in modes]
     head = contextlib.nullcontext(cfg.ray_address) if cfg.ray_address else local_ray_head(num_cpus=16)
     with head as address:
-        report = price_steps(cfg, out_dir, address, progress)
-        seconds = cluster_step_seconds(report)
-        unpriced = [m for m in modes if m not in seconds]
-        if unpriced:  # before an hour of training, not after it
-            raise ValueError(
-                f"the pipeline report has no coding-profile step time for {unpriced} (schedules "
-                f"{[MODE_SCHEDULES[m] for m in unpriced]}): run `verl-pipe bench pipeline --profiles coding` with "
-                "them, or leave out --pipeline-report"
-            )
-        before: Optional[Validation] = None  # the untrained model's greedy answers
-        for index, mode in enumerate(modes, 1):
-            progress(f"[{index}/{len(modes)}] {mode} ({cfg.engine} rollout, {cfg.steps} steps; "
-                     f"{time.time() - started:.0f} s so far)")  # fmt: skip
-            run = train_mode(cfg, mode, out_dir, address, validate_first=before is None)
-            if before is None:
-                before = run.validations[0]
-            else:  # the same weights and the same greedy decoding: one validation serves every mode
-                run.validations.insert(0, before)
-            run.cluster_s_per_step = seconds[mode]
-            runs.append(run)
+        pricing = price_steps(cfg, out_dir, address, progress)
+        for index, (seed, mode) in enumerate(order, 1):
+            # the untrained model is validated once: the same weights, problems and greedy decoding in every run
+            validate_first = index == 1
+            run = load_run(os.path.join(out_dir, f"{mode}-seed{seed}"))
+            if run is None:
+                progress(f"[{index}/{len(order)}] {mode}, seed {seed} ({cfg.engine} rollout, {cfg.steps} steps, "
+                         f"knobs {pricing.knobs[mode] or '-'}; {time.time() - started:.0f} s so far)")  # fmt: skip
+                run = train_run(cfg, mode, seed, pricing.knobs[mode], out_dir, address, validate_first)
             summary = ", ".join(f"step {v.step}: {100 * v.accuracy:.1f}%" for v in run.validations)
-            progress(f"    {mode}: validation {summary} ({run.wall_s:.0f} s)")
-    base_before = runs[0].validations[0].accuracy
-    target = cfg.target if cfg.target is not None else base_before + cfg.target_rise
-    result = {
+            progress(f"    {mode} seed {seed}: validation {summary} ({run.wall_s:.0f} s)")
+            runs.append(run)
+    result = analyse(cfg, runs, pricing, out_dir)
+    result["wall_s"] = time.time() - started
+    return write_result(result, out_dir)
+
+
+def analyse(cfg: LearnBenchConfig, runs: list[SeedRun], pricing: Pricing, out_dir: str) -> dict[str, Any]:
+    from verl_pipe.bench import learn_stats
+
+    untrained = next(r.verdicts[0] for r in runs if 0 in r.verdicts)
+    for run in runs:
+        run.verdicts.setdefault(0, untrained)
+    return {
         "config": asdict(cfg),
-        "target": target,
-        "runs": [asdict(r) | {"hours_per_step": r.hours(1)} for r in runs],
-        "comparison": compare_runs(runs, target),
-        "pipeline_report": cfg.pipeline_report or report.get("out_dir"),
-        "wall_s": time.time() - started,
+        "pricing": asdict(pricing),
+        "runs": [asdict(r) for r in runs],
+        "analysis": learn_stats.compare_modes(
+            {(r.mode, r.seed): r.verdicts for r in runs}, pricing.step_s, baseline=BASELINE_MODE,
+            target=cfg.target, target_margin=cfg.target_margin, margin=cfg.non_inferiority_margin,
+            resamples=cfg.bootstrap,
+        ),
         "out_dir": out_dir,
     }
+
+
+def write_result(result: dict[str, Any], out_dir: str) -> dict[str, Any]:
     from verl_pipe.plot import plot_learning
 
     result["png"] = plot_learning(result, os.path.join(out_dir, "learning.png"))
-    with open(os.path.join(out_dir, "learning.json"), "w", encoding="utf-8") as fh:
-        json.dump(result, fh, indent=1)
     result["json"] = os.path.join(out_dir, "learning.json")
+    with open(result["json"], "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=1)
     return result
 
 
 def format_report(result: dict[str, Any]) -> str:
-    items = result["runs"][0]["validations"][0]["items"]
+    from verl_pipe.bench.learn_stats import format_analysis
+
+    cfg, pricing = result["config"], result["pricing"]
+    minibatches = pricing_minibatches()
     lines = [
-        f"bench learn: SmolLM2-135M-Instruct, GRPO+, {result['config']['steps']} steps of "
-        f"{result['config']['prompts_per_step']}x{result['config']['samples_per_prompt']} samples per mode; greedy "
-        f"validation on {items} unseen function problems (95% Wilson intervals); target "
-        f"{100 * result['target']:.1f}%",
-        f"  {'mode':20s} {'engine':6s} {'before %':>16s} {'after %':>16s} {'rise':>6s} {'h/step':>7s} "
-        f"{'steps→tgt':>9s} {'h→tgt':>7s} {'vs sync':>8s}",
+        f"bench learn: SmolLM2-135M-Instruct, GRPO+, {cfg['steps']} steps of {cfg['prompts_per_step']} prompts x "
+        f"{cfg['samples_per_prompt']} samples ({minibatches} minibatch updates a step), seeds "
+        f"{','.join(map(str, cfg['seeds']))}; greedy validation every {cfg['val_every']} steps",
+        f"priced by bench pipeline ({PRICING_PROFILE} profile, the same batch shape, "
+        f"{len(next(iter(pricing['step_s'].values())))} blocks): "
+        + "; ".join(f"{mode} {pricing['layouts'][mode]} {sum(s) / len(s):.1f} s/step"
+                    for mode, s in pricing["step_s"].items()),
+        *format_analysis(result["analysis"], BASELINE_MODE),
+        f"curves: {result['png']}",
+        f"report: {result['json']}",
     ]
-    for run in result["runs"]:
-        row = result["comparison"][run["mode"]]
-        first, last = run["validations"][0], run["validations"][-1]
-
-        def with_interval(record: dict) -> str:
-            v = Validation(**record)
-            low, high = v.interval
-            return f"{100 * v.accuracy:4.1f} [{100 * low:4.1f},{100 * high:4.1f}]"
-
-        hours = row["hours_to_target"]
-        speedup = row["speedup_to_target_vs_sync"]
-        lines.append(
-            f"  {run['mode']:20s} {run['rollout']:6s} {with_interval(first):>16s} {with_interval(last):>16s} "
-            f"{100 * row['rise']:+5.1f} {run['hours_per_step']:7.3f} {str(row['steps_to_target'] or '-'):>9s} "
-            f"{'-' if hours is None else f'{hours:.3f}':>7s} {'-' if speedup is None else f'{speedup:.2f}x':>8s}"
-        )
-    sync = result["comparison"][BASELINE_MODE]
-    verdict = "apart" if sync["intervals_apart"] else "OVERLAPPING"
-    lines.append(f"sync: {100 * sync['rise']:+.1f} points, intervals before/after {verdict}")
-    lines.append(f"curves: {result['png']}")
-    lines.append(f"report: {result['json']}")
     return "\n".join(lines)

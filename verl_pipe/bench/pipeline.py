@@ -46,9 +46,17 @@ from verl_pipe.bench.replica_model import SAMPLER_TRACE_ENV, pool_busy_share, sa
 class Profile:
     name: str
     cluster: str  # key of cluster.CLUSTERS
+    # The real batch each run trains (each request stands for request_multiplicity of the cluster's). Its real
+    # old-log-prob pass and update run inside the modelled training time, which must hold them: on coding's
+    # 61 cluster seconds per wall second, 8 x 8 took 0.13-0.61 s a step beyond it, 8 x 4 0.08-0.11 s.
+    prompts: int = 8
+    samples: int = 8
 
 
-PROFILES = {"coding": Profile("coding", "deepcoder-14b"), "math": Profile("math", "deepscaler-1.5b")}
+PROFILES = {
+    "coding": Profile("coding", "deepcoder-14b", samples=4),
+    "math": Profile("math", "deepscaler-1.5b"),
+}
 
 
 @dataclass(frozen=True)
@@ -82,8 +90,9 @@ class BenchConfig:
     steps: int = 2
     warmup_steps: int = 2
     unit_s: float = 3.0  # wall seconds of one verl sync step on the profile's cluster (sets time_scale)
-    prompts: int = 8  # the benchmark's real batch; each request stands for request_multiplicity of the cluster's
-    samples: int = 8
+    # The real batch of every profile's runs; None: each profile's own (Profile.prompts, Profile.samples).
+    prompts: Optional[int] = None
+    samples: Optional[int] = None
     engine: str = "today"  # the trainers run on today's engine; "staged" is priced by the what-if model only
     seed: int = 0
     out_dir: Optional[str] = None
@@ -98,13 +107,23 @@ class BenchConfig:
     def selected(self) -> tuple[str, ...]:
         return self.schedules or tuple(SCHEDULES)
 
+    def for_profile(self, name: str) -> BenchConfig:
+        """This config with the real batch the profile's runs train."""
+        profile = PROFILES[name]
+        return replace(self, prompts=self.prompts or profile.prompts, samples=self.samples or profile.samples)
+
+    @property
+    def batch(self) -> tuple[int, int]:
+        """(prompts, samples) of a config for one profile (:meth:`for_profile`)."""
+        return self.prompts, self.samples
+
     def validate(self) -> None:
         unknown = [p for p in self.profiles if p not in PROFILES] + [s for s in self.schedules or () if s not in SCHEDULES]
         if unknown:
             raise ValueError(f"unknown profile/schedule {unknown}; profiles: {list(PROFILES)}, schedules: {list(SCHEDULES)}")
         if self.steps < 1 or self.warmup_steps < 1 or self.blocks < 1:
             raise ValueError("steps, warmup_steps and blocks must be >= 1 (the first step of one-off only samples)")
-        if self.samples < 2:
+        if self.samples is not None and self.samples < 2:
             raise ValueError(f"samples must be >= 2 (GRPO groups), got {self.samples} (--samples)")
         if self.rollout not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout must be one of {', '.join(ROLLOUT_ENGINES)}, got {self.rollout!r} (--rollout)")
@@ -114,10 +133,10 @@ class BenchConfig:
                 "(its sensitivity table), and runs the trainers on engine=today only (--engine)"
             )
         for profile in self.profiles:
-            named = clusters.cluster(PROFILES[profile].cluster)
-            clusters.request_multiplicity(named, self.prompts * self.samples)
-            if self.prompts % named.workload.minibatches:
-                raise ValueError(f"prompts={self.prompts} must split into {named.workload.minibatches} minibatches")
+            named, shaped = clusters.cluster(PROFILES[profile].cluster), self.for_profile(profile)
+            clusters.request_multiplicity(named, shaped.prompts * shaped.samples)
+            if shaped.prompts % named.workload.minibatches:
+                raise ValueError(f"prompts={shaped.prompts} must split into {named.workload.minibatches} minibatches")
         if self.rollout == "vllm":
             from verl_pipe.quickstart import require_vllm
 
@@ -127,10 +146,10 @@ class BenchConfig:
 # --- one run ------------------------------------------------------------------------------------------------
 
 
-def verl_steps_per_step(schedule: Schedule, knobs: Knobs, minibatches: int) -> int:
+def verl_steps_per_step(trainer_mode: str, knobs: Knobs, minibatches: int) -> int:
     """verl steps per benchmark step: separate_async syncs once per verl step, so a sync after every minibatch
     update makes each minibatch a verl step of its own."""
-    return minibatches if schedule.trainer_mode == "separate_async" and knobs.sync_every == 1 else 1
+    return minibatches if trainer_mode == "separate_async" and knobs.sync_every == 1 else 1
 
 
 def schedule_overrides(schedule: Schedule, knobs: Knobs, cfg: BenchConfig, minibatches: int, model_path: str,
@@ -138,7 +157,7 @@ def schedule_overrides(schedule: Schedule, knobs: Knobs, cfg: BenchConfig, minib
     from verl_pipe.data.embedded import write_embedded_dataset
     from verl_pipe.quickstart import QuickstartConfig, training_overrides
 
-    per_verl_step = verl_steps_per_step(schedule, knobs, minibatches)
+    per_verl_step = verl_steps_per_step(schedule.trainer_mode, knobs, minibatches)
     batch = cfg.prompts // per_verl_step
     quick = QuickstartConfig(
         model=model_path,
@@ -179,17 +198,23 @@ def schedule_overrides(schedule: Schedule, knobs: Knobs, cfg: BenchConfig, minib
         "data.filter_overlong_prompts=False",
         "data.truncation=left",
     ]
-    if schedule.trainer_mode == "separate_async":
-        overrides += [
+    return overrides + knob_overrides(schedule.trainer_mode, knobs, minibatches)
+
+
+def knob_overrides(trainer_mode: str, knobs: Knobs, minibatches: int) -> list[str]:
+    """The hydra overrides that give a trainer mode the planner's knobs (the learning bench trains with them too)."""
+    if trainer_mode == "separate_async":
+        per_verl_step = verl_steps_per_step(trainer_mode, knobs, minibatches)
+        return [
             f"trainer.v1.separate_async.parameter_sync_step={minibatches // per_verl_step}",
             f"trainer.v1.separate_async.num_warmup_batches={per_verl_step}",  # one benchmark batch ahead
         ]
-    if schedule.trainer_mode == "in_flight_pipeline":
-        overrides += [
+    if trainer_mode == "in_flight_pipeline":
+        return [
             f"+trainer.v1.in_flight_pipeline.load_every_update={str(knobs.load_every_update).lower()}",
             f"+trainer.v1.in_flight_pipeline.max_lag={knobs.max_lag}",
         ]
-    return overrides
+    return []
 
 
 @dataclass
@@ -403,6 +428,7 @@ class ProfilePlan:
 
 def prepare_profile(name: str, cfg: BenchConfig, progress=print) -> ProfilePlan:
     """The profile's plans (layout and knobs per schedule) and their what-if expectations."""
+    cfg = cfg.for_profile(name)
     named = clusters.cluster(PROFILES[name].cluster)
     engine = clusters.engine(cfg.engine)
     prepared = ProfilePlan(profile=name, cluster=named.name, time_scale=1.0)
@@ -445,9 +471,9 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
             seed = cfg.seed + block
             order = schedules[block % len(schedules) :] + schedules[: block % len(schedules)]
             for profile_name in cfg.profiles:
-                profile = prepared[profile_name]
+                profile, shaped = prepared[profile_name], cfg.for_profile(profile_name)
                 named = clusters.cluster(profile.cluster)
-                models = {name: run_model(named, chosen, engine, cfg, seed, profile.time_scale)
+                models = {name: run_model(named, chosen, engine, shaped, seed, profile.time_scale)
                           for name, chosen in profile.plans.items()}  # fmt: skip
                 check_same_engine(models, engine)
                 for schedule_name in order:
@@ -458,8 +484,8 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
                     with open(latency_path, "w", encoding="utf-8") as fh:
                         fh.write(model.to_json())
                     minibatches = named.workload.minibatches
-                    per_verl_step = verl_steps_per_step(schedule, chosen.knobs, minibatches)
-                    overrides = schedule_overrides(schedule, chosen.knobs, replace(cfg, seed=seed), minibatches,
+                    per_verl_step = verl_steps_per_step(schedule.trainer_mode, chosen.knobs, minibatches)
+                    overrides = schedule_overrides(schedule, chosen.knobs, replace(shaped, seed=seed), minibatches,
                                                    model_path, run_dir, address, latency_path, model.reward_workers)  # fmt: skip
                     t0 = time.time()
                     rc, steps, log = driver.run(overrides, run_dir, timeout=cfg.timeout_s)
@@ -477,8 +503,10 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
         "config": asdict(cfg),
         "profiles": {
             name: {"cluster": p.cluster, "time_scale": p.time_scale, "what_if": p.what_if,
+                   **dict(zip(("prompts", "samples"), cfg.for_profile(name).batch)),
                    "plans": {s: {"layout": c.layout.describe(), "gpus": c.layout.gpus,
-                                 "knobs": c.knobs.describe(c.schedule)} for s, c in p.plans.items()},
+                                 "knobs": c.knobs.describe(c.schedule), "knob_values": asdict(c.knobs)}
+                             for s, c in p.plans.items()},
                    "sources": clusters.cluster(p.cluster).roofline().sources()}
             for name, p in prepared.items()
         },  # fmt: skip
@@ -489,7 +517,7 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
         from verl_pipe.bench.sensitivity import sensitivity_table
 
         report["sensitivity"] = {
-            name: sensitivity_table(PROFILES[name].cluster, cfg.prompts, cfg.samples) for name in cfg.profiles
+            name: sensitivity_table(PROFILES[name].cluster, *cfg.for_profile(name).batch) for name in cfg.profiles
         }
     from verl_pipe.bench.schedule_lanes import schedule_panels
     from verl_pipe.plot import plot_schedules

@@ -1,6 +1,6 @@
 """A generated family of one-function coding problems: many items, each with its own constants and tests.
 
-For learning runs (issue 19's ``bench learn`` and a demo whose curve rises) the task must have enough validation
+For learning runs (``bench learn`` and a demo whose curve rises) the task must have enough validation
 items for a tight interval and sit where SmolLM2-135M-Instruct is weak but not hopeless. On the embedded set it
 passes 14 of 50 problems greedily, 8 at temperature 0.7 and 2 at 1.0, and the passes are LeetCode-style
 ``class Solution`` functions; it passes none of the stdin programs. So each item here is such a function: a
