@@ -18,8 +18,10 @@ from verl_pipe.bench.learn import (
     LearnBenchConfig,
     Pricing,
     SeedRun,
+    check_recorded,
     format_report,
     item_verdicts,
+    load_run,
     pricing_from_report,
     pricing_minibatches,
     write_result,
@@ -275,3 +277,17 @@ def test_the_learning_runs_train_with_the_knobs_their_price_was_measured_with():
     assert "trainer.v1.separate_async.parameter_sync_step=1" in knob_overrides("separate_async", Knobs(sync_every=1), 2)
     assert "trainer.v1.separate_async.parameter_sync_step=2" in knob_overrides("separate_async", Knobs(), 2)
     assert knob_overrides("sync", Knobs(), 2) == []
+
+
+def test_a_bench_cut_short_keeps_its_runs_and_refuses_a_run_of_another_experiment(tmp_path):
+    verdicts = _experiment((0.42, 0.50, 0.55))[("sync", 0)]
+    run = SeedRun(mode="sync", seed=0, rollout="vllm", rewards=[0.2] * 6, validations=[Validation(6, 60, 120)],
+                  verdicts=verdicts, samples_trained=192, wall_s=1.0, run_dir=str(tmp_path))  # fmt: skip
+    with open(tmp_path / "run.json", "w") as fh:
+        json.dump(run.__dict__ | {"validations": [v.__dict__ for v in run.validations]}, fh)
+    kept = load_run(str(tmp_path))
+    assert kept == run  # the verdicts' steps come back as integers
+    check_recorded(kept, LearnBenchConfig(steps=6, val_every=2))
+    with pytest.raises(ValueError, match=r"validations at steps \[2, 4, 6\].*\[1, 2, 3, 4, 5\].*--out-dir"):
+        check_recorded(kept, LearnBenchConfig())
+    assert load_run(str(tmp_path / "missing")) is None

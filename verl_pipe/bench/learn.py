@@ -21,6 +21,7 @@ import glob
 import importlib.util
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
@@ -236,6 +237,7 @@ def train_run(cfg: LearnBenchConfig, mode: str, seed: int, knobs: dict[str, Any]
     per_verl_step = verl_steps_per_step(mode, planned, cfg.minibatches)
     run_dir = os.path.join(out_dir, f"{mode}-seed{seed}")
     validation_dir = os.path.join(run_dir, "validation")
+    shutil.rmtree(validation_dir, ignore_errors=True)  # an earlier attempt's dumps would count twice
     qs = QuickstartConfig(
         model="smollm2", mode=mode, data="functions",
         steps=cfg.steps * per_verl_step,
@@ -287,6 +289,17 @@ def load_run(run_dir: str) -> Optional[SeedRun]:
     return SeedRun(**record)
 
 
+def check_recorded(run: SeedRun, cfg: LearnBenchConfig) -> None:
+    """A run kept from an earlier call must be a run of this experiment: validated at the same steps."""
+    expected = list(range(cfg.val_every, cfg.steps + 1, cfg.val_every))
+    recorded = [step for step in run.verdicts if step > 0]
+    if recorded != expected:
+        raise ValueError(
+            f"{run.run_dir} was recorded with validations at steps {recorded}, and this bench validates at "
+            f"{expected}: give a new --out-dir, or the --steps and --val-every it was run with"
+        )
+
+
 # --- the whole experiment ------------------------------------------------------------------------------------
 
 
@@ -311,7 +324,9 @@ def run_learn_bench(cfg: LearnBenchConfig, progress: Callable[[str], None] = pri
             # the untrained model is validated once: the same weights, problems and greedy decoding in every run
             validate_first = index == 1
             run = load_run(os.path.join(out_dir, f"{mode}-seed{seed}"))
-            if run is None:
+            if run is not None:
+                check_recorded(run, cfg)
+            else:
                 progress(f"[{index}/{len(order)}] {mode}, seed {seed} ({cfg.engine} rollout, {cfg.steps} steps, "
                          f"knobs {pricing.knobs[mode] or '-'}; {time.time() - started:.0f} s so far)")  # fmt: skip
                 run = train_run(cfg, mode, seed, pricing.knobs[mode], out_dir, address, validate_first)
