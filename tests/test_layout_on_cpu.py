@@ -70,9 +70,11 @@ def test_this_suite_is_not_shadowed_by_site_packages_tests(request):
 # new module goes where its imports put it, and an import that points up is a design change to discuss, not to
 # slip in (the hf rollout server once imported the benchmark's latency model: it now has a timing slot instead).
 LAYERS = (
-    # foundation: version checks, patch machinery, run-on-import hooks, the JSON report writer, hydra presets
+    # foundation: version checks, patch machinery, run-on-import hooks, the JSON report writer, hydra presets, the
+    # table of trainer modes
     ("foundation", ("verl_pipe", "verl_pipe.compat", "verl_pipe.import_hooks", "verl_pipe.patching",
-                    "verl_pipe.patch_registry", "verl_pipe.step_metrics", "verl_pipe.reports", "verl_pipe.config")),
+                    "verl_pipe.patch_registry", "verl_pipe.step_metrics", "verl_pipe.reports", "verl_pipe.config",
+                    "verl_pipe.trainer_modes")),
     # self-contained parts: the reward itself, the CPU backend, local models, GRPO+
     ("components", ("verl_pipe.reward_score", "verl_pipe.backends", "verl_pipe.models", "verl_pipe.algorithms")),
     # built on the reward: the reward manager inside verl's reward loop, dataset tooling, run summaries

@@ -12,13 +12,10 @@ from __future__ import annotations
 import importlib
 
 from verl_pipe.import_hooks import when_imported
+from verl_pipe.trainer_modes import TRAINER_MODES as _ALL_MODES, plugin_modes
 
-TRAINER_MODULES = (
-    "verl_pipe.trainers.ray_trainer_async",
-    "verl_pipe.trainers.ray_trainer_pipeline",
-    "verl_pipe.trainers.ray_trainer_in_flight",
-)
-TRAINER_MODES = ("one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline")
+TRAINER_MODES = plugin_modes()  # the modes registered here (verl_pipe.trainer_modes holds them all)
+TRAINER_MODULES = tuple(_ALL_MODES[name].module for name in TRAINER_MODES)
 CHECKPOINT_ENGINE_MODULE = "verl_pipe.backends.cpu.gloo_checkpoint_engine"
 
 

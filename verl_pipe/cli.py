@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from verl_pipe.quickstart import TRAINER_MODES  # the table only: the run's own imports wait for _quickstart
+    from verl_pipe.trainer_modes import TRAINER_MODES  # the table only: the run's own imports wait for _quickstart
 
     from verl_pipe.bench.pipeline import PROFILES, SCHEDULES as PIPELINE_SCHEDULES  # light: no verl, no Ray
 

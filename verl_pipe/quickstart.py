@@ -20,6 +20,7 @@ from typing import Optional
 
 from verl_pipe.backends.cpu.overrides import ROLLOUT_ENGINES, CpuBackendConfig, cpu_backend_overrides
 from verl_pipe.compat import SetupError, check_verl_version
+from verl_pipe.trainer_modes import TRAINER_MODES, TrainerMode
 
 
 ALGORITHMS = ("grpo_plus", "grpo")
@@ -58,52 +59,6 @@ PRESET_SEARCHPATH = "hydra.searchpath=[pkg://verl_pipe.config]"
 GRPO_PLUS_PRESET = [PRESET_SEARCHPATH, "+verl_pipe=grpo_plus"]
 
 
-@dataclass(frozen=True)
-class TrainerMode:
-    """A V1 trainer mode the quickstart runs, and what it needs beyond ``trainer.v1.trainer_mode=<name>``."""
-
-    name: str
-    # Samplers and trainer on separate pools: actor_rollout_ref.hybrid_engine=False, a rollout pool of its own
-    # (--sampler-ranks) and the gloo checkpoint engine between the pools (CpuBackendConfig.sampler_ranks).
-    # Otherwise colocated: the rollout replicas live in the trainer ranks and weights move in-process (naive).
-    separate_pools: bool
-    # verl's separate_async asserts train_batch_size == parameter_sync_step x ppo_mini_batch_size, with a default
-    # of 4; the quickstart sets it to its minibatches per batch, one sync a batch. (Ours derive it.)
-    parameter_sync_step_key: Optional[str] = None
-    summary: str = ""
-
-
-TRAINER_MODES: dict[str, TrainerMode] = {
-    mode.name: mode
-    for mode in (
-        TrainerMode(
-            "sync",
-            separate_pools=False,
-            summary="verl's synchronous trainer (the default): every rank samples, then trains",
-        ),
-        TrainerMode(
-            "separate_async",
-            separate_pools=True,
-            parameter_sync_step_key="trainer.v1.separate_async.parameter_sync_step",
-            summary="verl's off-policy trainer on separate pools (one warm-up batch, partial rollouts)",
-        ),
-        TrainerMode(
-            "one_off_pipeline",
-            separate_pools=True,
-            summary="verl-pipe: the samplers generate batch k+1 while the trainer trains batch k",
-        ),
-        TrainerMode(
-            "minibatch_pipeline",
-            separate_pools=True,
-            summary="verl-pipe: the trainer updates on each minibatch of finished groups while the rest generate",
-        ),
-        TrainerMode(
-            "in_flight_pipeline",
-            separate_pools=True,
-            summary="verl-pipe: the samplers never drain; new weights load between decode steps (lag bound 1)",
-        ),
-    )
-}
 _MODE_KEY = "trainer.v1.trainer_mode"
 # +verl_pipe_trainer=<mode>: the preset that switches any verl command line to one of our modes (its YAML files).
 MODE_PRESET_GROUP = "verl_pipe_trainer"

@@ -36,7 +36,8 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
-PIPELINED_MODES = ("one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline")
+from verl_pipe.trainer_modes import plugin_modes
+
 _KEY_IN_TEXT = re.compile(r"((?:trainer|actor_rollout_ref|data|algorithm|critic|reward)\.[\w.]+)")
 
 
@@ -332,7 +333,7 @@ def check_trainer_mode(config, layout: GpuLayout) -> Optional[int]:
         trainer_cls = get_trainer_cls(mode)
     except ValueError as error:
         raise RecipeConfigError("trainer.v1.trainer_mode", f"trainer.v1.trainer_mode={mode}: {error}") from error
-    if mode not in PIPELINED_MODES:
+    if mode not in plugin_modes():  # ours: their own section, PipelineConfig and layout checks
         return None
     from verl_pipe.trainers.config import PipelineConfig, PipelineConfigError
 
@@ -408,7 +409,7 @@ def validate(config, ctx: RecipeContext) -> RecipeSummary:
         checks.append(f"trainer mode {layout.trainer_mode} found in verl's trainer registry")
     else:
         checks.append("legacy trainer (trainer.use_v1=false)")
-    if layout.trainer_mode in PIPELINED_MODES:
+    if layout.trainer_mode in plugin_modes():
         checks.append(f"PipelineConfig and the {layout.trainer_mode} layout checks passed")
     checks.append(check_reward(config))
     warnings = check_layout(config, layout, ctx)

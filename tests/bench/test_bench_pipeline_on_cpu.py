@@ -122,6 +122,40 @@ def test_unpriced_cpu_work_is_taken_off_where_it_delayed_the_step():
     assert sync.unpriced_s == pytest.approx(0.7) and sync.step_s == pytest.approx(3.3 / 0.02)
 
 
+def test_the_samplers_idle_for_real_cpu_work_is_taken_off_as_far_as_the_trainer_waited_for_it():
+    """Guards: verl's separate_async measured slower than its model because its next batch reaches the servers
+    only after real CPU work (metrics, dataloader, agent loop) that the model does in no time, while the pool
+    idles; and the opposite error, a trainer-bound step shortened for sampler idle that delayed nothing."""
+    from verl_pipe.bench.pipeline import priced_period
+
+    assert priced_period(4.0, wait=1.0, phases=2.5, colocated=False, sampler_lost=0.3) == pytest.approx((3.7, 0.5))
+    # no longer than the trainer waited: past that, the sampler's idle did not delay the step
+    assert priced_period(4.0, wait=0.2, phases=3.7, colocated=False, sampler_lost=0.5) == pytest.approx((3.8, 0.1))
+    # the larger of the two delays, never their sum (the sampler may have idled for the trainer's work)
+    assert priced_period(4.0, wait=0.2, phases=3.3, colocated=False, sampler_lost=0.1) == pytest.approx((3.7, 0.5))
+    # colocated, all the trainer's unpriced work is off already: the same sampler idle is not taken twice
+    assert priced_period(4.0, wait=3.0, phases=0.5, colocated=True, sampler_lost=0.4) == pytest.approx((3.5, 0.5))
+
+
+def test_a_run_takes_off_its_samplers_idle_from_the_trace_in_the_step_it_delayed(tmp_path):
+    import json
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    # steps end at 1002, 1004 (warm-up), 1006, 1008; separate pools: a 1 s wait and 0.5 s of modelled phases a step
+    records = _records([2.0, 2.0, 2.0, 2.0], **{"timing_s/gen": 1.0, "bench/train_modelled_wall_s": 0.5})
+    # one replica; a sync at 1005.9 whose requests come back at 1006.3 while the model holds the pool 0.1 s: 0.3 s
+    # lost, taken off the step ending at 1008, whose samples it delayed
+    trace = [{"replicas": 1}, {"event": "admit", "at": 1000.1}, {"start": 1000.1, "end": 1005.9, "replica": 0},
+             {"event": "abort", "at": 1005.9, "hold_s": 0.1}, {"event": "loaded", "at": 1006.0},
+             {"event": "resume", "at": 1006.3}, {"start": 1006.3, "end": 1008.0, "replica": 0}]  # fmt: skip
+    (run_dir / "sampler_busy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trace))
+    run = summarize_run("verl_separate_async", "coding", 0, 0, _plan(), 0.02, 1, records, warmup_steps=2,
+                        log=str(run_dir / "train.log"))  # fmt: skip
+    assert run.step_s_each == pytest.approx([2.0 / 0.02, 1.7 / 0.02])
+    assert run.subtracted_s == pytest.approx(0.15)
+
+
 def _result(schedule, block, step, profile="coding"):
     from verl_pipe.bench.pipeline import RunResult
 

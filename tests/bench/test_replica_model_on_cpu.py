@@ -9,6 +9,7 @@ a wrong closed form fails here; the async driver is checked on the wall clock wi
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -16,15 +17,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from verl_pipe.bench.latency import LatencyModel
-from verl_pipe.bench.replica_model import (
-    SAMPLER_TRACE_ENV,
-    ModelledReplica,
-    ModelledRequest,
-    ReplicaSim,
-    batch_generation_s,
-    busy_share,
-    load_busy_spans,
-)
+from verl_pipe.bench.replica_model import ModelledReplica, ModelledRequest, ReplicaSim, batch_generation_s
+from verl_pipe.bench.sampler_trace import SAMPLER_TRACE_ENV, busy_share, load_busy_spans
 
 
 def _model(**values) -> LatencyModel:
@@ -150,7 +144,7 @@ def _cut(answer: _Answer, share: float) -> _Answer:
     return _Answer(answer.token_ids[: int(share * len(answer.token_ids))], stop_reason="aborted")
 
 
-def test_an_abort_ends_requests_where_the_replica_is_and_the_resumed_rest_pays_its_prefill_again():
+def test_an_abort_ends_requests_where_the_replica_is_and_the_resumed_rest_pays_its_prefill_again(tmp_path, monkeypatch):
     """verl's sync aborts; the answer keeps the share the modelled request decoded; verl resubmits prompt + those
     tokens, which continues the same modelled request (same length) after re-prefilling the whole prefix."""
     # A slow prefill (100 tokens/s) makes the re-prefill about a third of the resumed piece (24 of 71 modelled s), so
@@ -159,6 +153,8 @@ def test_an_abort_ends_requests_where_the_replica_is_and_the_resumed_rest_pays_i
     model = _model(time_scale=0.01, kv_step_s_per_ktoken=0.0, decode_tokens_per_s=decode_rate, prompt_tokens=50,
                    prefill_tokens_per_s=prefill_rate)  # fmt: skip
     first_prefill_s = model.prompt_tokens / prefill_rate
+    trace = str(tmp_path / "sampler_busy.jsonl")
+    monkeypatch.setenv(SAMPLER_TRACE_ENV, trace)
     prompt = [7, 8, 9]
     total = model.response_tokens(prompt, 0)
     real = list(range(100, 140))  # the server's real tokens for this request
@@ -199,6 +195,11 @@ def test_an_abort_ends_requests_where_the_replica_is_and_the_resumed_rest_pays_i
     # what is left to decode, after a prefill of the prompt plus everything decoded before the abort; the tolerance
     # (5%, about 35 ms of wall at this scale) is well under the re-prefill
     assert rest_s == pytest.approx(re_prefill_s + decode_rest_s, rel=0.05, abs=0.1)
+    # the trace the benchmark reads the sampler's idle from: the new request, the abort with the model's hold for
+    # the transfer, the resumed rest
+    events = [r for r in map(json.loads, open(trace, encoding="utf-8")) if "event" in r]
+    assert [e["event"] for e in events] == ["admit", "abort", "resume"]
+    assert events[1]["hold_s"] == pytest.approx(model.wall(model.sync_s))
 
 
 def test_answers_are_held_until_their_modelled_end_and_the_replica_is_shared(tmp_path, monkeypatch):
@@ -358,7 +359,6 @@ def test_after_an_aborting_sync_the_resumed_piece_is_tagged_with_the_new_version
 def test_an_in_flight_loads_stall_is_cut_out_of_the_busy_spans(tmp_path):
     """Guards: a sampler lane that counts the seconds its requests wait for new weights as generation (the
     in-flight schedule's busy share would be flattered by every load)."""
-    import json
 
     trace = tmp_path / "sampler_busy.jsonl"
     records = [{"start": 0.0, "end": 5.0}, {"start": 4.0, "end": 10.0}, {"start": 3.0, "end": 4.5, "kind": "stall"},

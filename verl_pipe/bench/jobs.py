@@ -15,8 +15,28 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Iterator
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within the block, SIGTERM ends the process through its ``finally`` clauses (its default action skips them,
+    and would leave a Ray head or a verl job that runs in a session of its own behind). Only in the main thread,
+    and only where nobody else handles SIGTERM."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def unwind(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -39,28 +59,29 @@ def local_ray_head(num_cpus: int = 16, start_timeout_s: float = 180.0, stop_grac
         f"--temp-dir={temp_dir}",
     ]
     head = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        address_file = os.path.join(temp_dir, "ray_current_cluster")
-        deadline = time.time() + start_timeout_s
-        while not os.path.exists(address_file):
-            if head.poll() is not None:
-                raise RuntimeError(f"`ray start --head` exited early with code {head.returncode}")
-            if time.time() > deadline:
-                raise RuntimeError(f"the Ray head did not come up within {start_timeout_s:.0f} s")
-            time.sleep(0.5)
-        time.sleep(1.0)  # the file appears just before the GCS accepts clients
-        with open(address_file) as fh:
-            address = fh.read().strip()
-        yield address
-    finally:
-        # `ray start --block` takes ~33 s to stop gracefully; everything it started (GCS, raylet, workers) is in its
-        # process group, so after a short grace the group goes at once.
-        os.killpg(head.pid, signal.SIGTERM)
+    with sigterm_unwinds():  # a bench or test run stopped with SIGTERM takes its head down too
         try:
-            head.wait(timeout=stop_grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+            address_file = os.path.join(temp_dir, "ray_current_cluster")
+            deadline = time.time() + start_timeout_s
+            while not os.path.exists(address_file):
+                if head.poll() is not None:
+                    raise RuntimeError(f"`ray start --head` exited early with code {head.returncode}")
+                if time.time() > deadline:
+                    raise RuntimeError(f"the Ray head did not come up within {start_timeout_s:.0f} s")
+                time.sleep(0.5)
+            time.sleep(1.0)  # the file appears just before the GCS accepts clients
+            with open(address_file) as fh:
+                address = fh.read().strip()
+            yield address
+        finally:
+            # `ray start --block` takes ~33 s to stop gracefully; everything it started (GCS, raylet, workers) is in
+            # its process group, so after a short grace the group goes at once.
+            os.killpg(head.pid, signal.SIGTERM)
+            try:
+                head.wait(timeout=stop_grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(head.pid, signal.SIGKILL)
+                head.wait()
 
 
 def job_env(run_dir: str, extra_env: dict[str, str] | None = None) -> dict[str, str]:

@@ -26,18 +26,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
+from verl_pipe.bench.pipeline import SCHEDULES
 from verl_pipe.quickstart import DATASETS
 from verl_pipe.run_metrics import Validation, validations_from_verl_log
 
 # Each trainer mode and the pipeline benchmark's schedule that prices its step (on the modelled cluster, whose
 # engine semantics are the same whatever the CPU rollout).
-MODE_SCHEDULES = {
-    "sync": "verl_sync",
-    "separate_async": "verl_separate_async",
-    "one_off_pipeline": "one_off_pipeline",
-    "minibatch_pipeline": "minibatch_pipeline",
-    "in_flight_pipeline": "in_flight_pipeline",
-}
+MODE_SCHEDULES = {schedule.trainer_mode: name for name, schedule in SCHEDULES.items()}
 BASELINE_MODE = "sync"
 PRICING_PROFILE = "coding"
 FUNCTIONS = DATASETS["functions"]  # the task's defaults, as `verl-pipe quickstart --data functions` runs it

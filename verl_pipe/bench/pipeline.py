@@ -39,7 +39,15 @@ from verl_pipe.backends.cpu.overrides import ROLLOUT_ENGINES
 from verl_pipe.bench import cluster as clusters
 from verl_pipe.bench.latency import worker_env_vars
 from verl_pipe.bench.plan import Knobs, Plan, expectation, plan
-from verl_pipe.bench.replica_model import SAMPLER_TRACE_ENV, pool_busy_share, sampler_trace_path
+from verl_pipe.bench.sampler_trace import (
+    SAMPLER_TRACE_ENV,
+    admission_losses,
+    losses_by_period,
+    pool_busy_share,
+    sampler_trace_path,
+)
+from verl_pipe.bench.simulate import SCHEDULES as MODELLED_MODES
+from verl_pipe.trainer_modes import TRAINER_MODES
 
 
 @dataclass(frozen=True)
@@ -66,16 +74,22 @@ class Schedule:
     separate_pools: bool
 
 
-SCHEDULES = {
-    s.name: s
-    for s in (
-        Schedule("verl_sync", "sync", separate_pools=False),
-        Schedule("verl_separate_async", "separate_async", separate_pools=True),
-        Schedule("minibatch_pipeline", "minibatch_pipeline", separate_pools=True),
-        Schedule("one_off_pipeline", "one_off_pipeline", separate_pools=True),
-        Schedule("in_flight_pipeline", "in_flight_pipeline", separate_pools=True),
-    )
-}
+def schedule_name(mode: str) -> str:
+    """The benchmark's name of a trainer mode: verl's own carry a ``verl_`` prefix."""
+    return mode if TRAINER_MODES[mode].from_plugin else f"verl_{mode}"
+
+
+def benchmark_schedules() -> dict[str, Schedule]:
+    """Every trainer mode of the table that the what-if model can plan (a mode it has no model of cannot be
+    priced: :data:`verl_pipe.bench.simulate.SCHEDULES`)."""
+    return {
+        schedule_name(name): Schedule(schedule_name(name), name, separate_pools=mode.separate_pools)
+        for name, mode in TRAINER_MODES.items()
+        if name in MODELLED_MODES
+    }
+
+
+SCHEDULES = benchmark_schedules()
 BASELINES = ("verl_sync", "verl_separate_async")
 
 
@@ -233,7 +247,7 @@ class RunResult:
     step_s_each: list[float]
     wall_step_s: float  # the measured period, wall seconds
     unpriced_s: float  # wall seconds per step of the trainer's real work outside the modelled phases
-    subtracted_s: float  # of which on the critical path: taken off the period
+    subtracted_s: float  # taken off the period: what of it delayed the step, or the sampler's idle for real CPU work
     token_lag_mean: float
     token_lag_max: float
     sampler_busy: Optional[float]
@@ -270,16 +284,22 @@ def _step_parts(records: list[dict]) -> Optional[tuple[float, float]]:
     return wait, phases
 
 
-def priced_period(period: float, wait: float, phases: float, colocated: bool) -> tuple[float, float]:
+def priced_period(period: float, wait: float, phases: float, colocated: bool,
+                  sampler_lost: float = 0.0) -> tuple[float, float]:  # fmt: skip
     """(the step's period less the real CPU work the model does not price on its critical path, that work).
 
     What the trainer's loop spends outside the modelled phases (metrics, logging, TransferQueue, any real update
     work longer than its model) is measured as the period less the wait for samples and the modelled phases. On
-    colocated GPUs (verl's sync) it all delays the next generation, so it is all taken off; on separate pools the
-    sampler runs on meanwhile, and only what the trainer's wait did not already cover delayed the step.
+    colocated GPUs (verl's sync) it all delays the next generation, so it is all taken off. On separate pools the
+    sampler runs on meanwhile, and only what the trainer's wait did not already cover delayed the step; but the
+    sampler may itself have idled for real CPU work, between a sync and the work the model hands it at once
+    (``sampler_lost``, from its trace: :func:`~.sampler_trace.admission_losses`), which delays the step by as
+    much as the trainer then waited for samples. The larger of the two delays is taken off.
     """
     unpriced = max(0.0, period - wait - phases)
-    critical = unpriced if colocated else max(0.0, unpriced - wait)
+    if colocated:
+        return period - unpriced, unpriced
+    critical = max(unpriced - wait, min(sampler_lost, wait), 0.0)
     return period - critical, unpriced
 
 
@@ -292,15 +312,18 @@ def summarize_run(name: str, profile: str, block: int, seed: int, chosen: Plan, 
     measured = records[warmup_steps * per_verl_step :]
     if not periods:
         raise RuntimeError(f"{name}/{profile}: no measured steps (see {log})")
+    trace = sampler_trace_path(os.path.dirname(log)) if log else ""
+    sampler_lost = losses_by_period(admission_losses(trace), stamps[warmup_steps - 1 :]) if trace else []
     priced, unpriced = [], []
     for index, period in enumerate(periods):
         parts = _step_parts(measured[index * per_verl_step : (index + 1) * per_verl_step])
-        step, work = priced_period(period, *parts, chosen.layout.colocated) if parts else (period, 0.0)
+        lost = sampler_lost[index] if index < len(sampler_lost) else 0.0
+        step, work = priced_period(period, *parts, chosen.layout.colocated, lost) if parts else (period, 0.0)
         priced.append(step)
         unpriced.append(work)
     wall = statistics.mean(periods)
     spans_window = (stamps[warmup_steps - 1], stamps[-2] if len(periods) > 1 else stamps[-1])
-    sampler_busy = pool_busy_share(sampler_trace_path(os.path.dirname(log)), *spans_window) if log else None
+    sampler_busy = pool_busy_share(trace, *spans_window) if trace else None
     return RunResult(
         schedule=name,
         profile=profile,

@@ -32,24 +32,20 @@ began. Versions may be fractions of a step (a load after each of a step's miniba
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import os
 import time
 from collections import deque
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Sequence, TypeVar
 
+from verl_pipe.bench.sampler_trace import TraceWriter
 from verl_pipe.trainers.token_lag import MODELLED_RUNS_KEY
 
 if TYPE_CHECKING:
     from verl_pipe.bench.latency import LatencyModel
 
 Answer = TypeVar("Answer")
-# A file to which each modelled replica appends its busy spans (wall clock: {"start": t0, "end": t1} per line), so
-# a benchmark can draw and measure every schedule's sampler lane the same way (set per run, in the job's env).
-SAMPLER_TRACE_ENV = "VERL_PIPE_SAMPLER_TRACE"
 _TRACE_FLUSH_S = 0.5  # wall seconds: the longest a busy span waits before it is written
 _DONE = 1e-9  # tokens left below which a request has finished (the arithmetic is in floats)
 
@@ -287,7 +283,7 @@ class ModelledReplica:
         self._driver: Optional[asyncio.Task] = None
         self.busy_intervals: list[tuple[float, float]] = []  # wall-clock (time.time) spans with requests running
         self._busy_since: list[Optional[float]] = [None] * len(self.sim.replicas)  # per replica
-        self._trace_started = False
+        self.trace = TraceWriter(len(self.sim.replicas))  # for every schedule alike: see bench.sampler_trace
         self.version: Optional[float] = None  # the modelled policy version (None until weights_loaded names one)
         self._staged: Optional[tuple[float, float]] = None  # a staged load in transfer: (sim time it lands, version)
 
@@ -329,22 +325,11 @@ class ModelledReplica:
                 self._busy_since[index] = now if busy else None
 
     def _record_span(self, start: float, end: float, kind: str = "busy", replica: Optional[int] = None) -> None:
-        """Append a span to the trace: ``busy`` (a replica has requests running) or ``stall`` (an in-flight
-        weight load holds every replica's running requests: inside busy spans, but nothing is generated)."""
+        """A span of the trace: ``busy`` (a replica has requests running) or ``stall`` (an in-flight weight load
+        holds every replica's running requests: inside busy spans, but nothing is generated)."""
         if kind == "busy":
             self.busy_intervals.append((start, end))
-        path = os.environ.get(SAMPLER_TRACE_ENV)
-        if path:
-            record: dict[str, Any] = {"start": start, "end": end}
-            if kind != "busy":
-                record["kind"] = kind
-            if replica is not None:
-                record["replica"] = replica
-            with open(path, "a", encoding="utf-8") as handle:
-                if not self._trace_started:  # how many replicas the pool has, for their mean busy share
-                    handle.write(json.dumps({"replicas": len(self.sim.replicas)}) + "\n")
-                    self._trace_started = True
-                handle.write(json.dumps(record) + "\n")
+        self.trace.span(start, end, kind, replica)
 
     async def _drive(self) -> None:
         while self._waiters:
@@ -387,7 +372,9 @@ class ModelledReplica:
         if request is not None:  # verl resubmits an aborted request: prompt + what it had; re-prefill all of it
             request.prefix = self.model.prompt_tokens + int(request.decoded)
             _run_under(request, self.version)  # the new piece runs under the weights loaded since the abort
+            self.trace.event("resume")
         else:
+            self.trace.event("admit")
             index = self._prompt_requests.get(key, 0)
             self._prompt_requests[key] = index + 1
             total = self.model.response_tokens(key, index)
@@ -423,6 +410,8 @@ class ModelledReplica:
         """End every request at the point the modelled replica has decoded it to (verl's sync aborts them)."""
         if self._wall_origin is None:
             return
+        # the model holds the pool empty for the transfer after an abort, unless the engine stages its loads
+        self.trace.event("abort", hold_s=0.0 if self.model.staged_loads else self.model.wall(self.model.sync_s))
         self._catch_up()
         for future in list(self._waiters.values()):
             if not future.done():
@@ -440,6 +429,7 @@ class ModelledReplica:
         trainer-side patch ``latency_model_sync_holds_the_gate``), and each resumes under ``version``.
         Either way, requests still waiting to be admitted have decoded nothing yet and start under it.
         """
+        self.trace.event("loaded")
         if in_flight:
             self._catch_up()  # the load lands where the replica has got to now
         if self._staged is not None:  # a staged load still arriving lands before this one
@@ -509,72 +499,6 @@ def modelled_segments(request: ModelledRequest, start: float, end: float) -> lis
                 return []
             segments.append([count, version])
     return segments
-
-
-def sampler_trace_path(run_dir: str) -> str:
-    """Where a benchmark run's replicas write their busy spans (the run sets ``SAMPLER_TRACE_ENV`` to it)."""
-    return os.path.join(run_dir, "sampler_busy.jsonl")
-
-
-def _merge(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _trace_records(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as handle:
-        return [r for r in map(json.loads, handle) if r]
-
-
-def load_busy_spans(path: str, replica: Optional[int] = None) -> list[tuple[float, float]]:
-    """The spans in which a run's modelled replicas generated (``SAMPLER_TRACE_ENV``): busy spans merged where they
-    overlap (every replica's, or only ``replica``'s), less the in-flight weight loads that held their requests."""
-    records = [r for r in _trace_records(path) if "start" in r]
-    busy = _merge([(float(r["start"]), float(r["end"])) for r in records if r.get("kind", "busy") == "busy"
-                   and (replica is None or r.get("replica", 0) == replica)])  # fmt: skip
-    stalls = _merge([(float(r["start"]), float(r["end"])) for r in records if r.get("kind") == "stall"])
-    return _cut(busy, stalls)
-
-
-def _cut(busy: list[tuple[float, float]], stalls: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    for stall_start, stall_end in stalls:
-        cut: list[tuple[float, float]] = []
-        for start, end in busy:
-            if end <= stall_start or start >= stall_end:
-                cut.append((start, end))
-                continue
-            if start < stall_start:
-                cut.append((start, stall_start))
-            if end > stall_end:
-                cut.append((stall_end, end))
-        busy = cut
-    return busy
-
-
-def pool_busy_share(path: str, start: float, end: float) -> Optional[float]:
-    """The sampler pool's busy share of ``[start, end]``: each replica's, averaged (GPU time at work over GPU time
-    held), or None without a trace."""
-    records = _trace_records(path)
-    if not records:
-        return None
-    header = next((r for r in records if "replicas" in r), {"replicas": 1})
-    shares = [busy_share(load_busy_spans(path, replica=index), start, end) for index in range(int(header["replicas"]))]
-    return sum(shares) / len(shares)
-
-
-def busy_share(spans: Sequence[tuple[float, float]], start: float, end: float) -> float:
-    """The share of ``[start, end]`` covered by (merged) busy spans."""
-    if end <= start:
-        return 0.0
-    covered = sum(max(0.0, min(e, end) - max(s, start)) for s, e in spans)
-    return covered / (end - start)
 
 
 def cut_token_ids(answer: Any) -> list[int]:

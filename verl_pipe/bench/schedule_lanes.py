@@ -1,7 +1,7 @@
 """The lanes of the benchmark's side-by-side picture: each schedule's measured steps, sampler over trainer.
 
 The sampler lane of every schedule comes from the modelled replicas themselves: each writes the spans in which
-it had requests running (:data:`verl_pipe.bench.replica_model.SAMPLER_TRACE_ENV`), so verl's ``separate_async``
+it had requests running (:mod:`verl_pipe.bench.sampler_trace`), so verl's ``separate_async``
 gets the same lane as ours. For our pipelined modes the trainer lane comes from the run's own ``timeline.json``
 (:mod:`verl_pipe.trainers.timeline`). verl's modes write no timeline, so their trainer lane is rebuilt from
 verl's per-step records: each step runs from the previous step's wall-clock stamp to its own, waiting for
@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any
 
-from verl_pipe.bench.replica_model import load_busy_spans, sampler_trace_path
+from verl_pipe.bench.sampler_trace import load_busy_spans, sampler_trace_path
 from verl_pipe.trainers.timeline import Interval, load_trace, trace_origin
 
 

@@ -1,0 +1,64 @@
+"""A benchmark or test run stopped with SIGTERM leaves no Ray cluster behind (its head runs in a session of its own,
+which the default SIGTERM would orphan, still running the job it was given)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+pytestmark = pytest.mark.e2e  # starts Ray heads of its own
+
+_HOLD_A_HEAD = """
+import sys, tempfile, time
+tempfile.tempdir = sys.argv[1]  # the head's temp dir, so the test can find every process it started
+from verl_pipe.bench.jobs import local_ray_head
+with local_ray_head(num_cpus=2) as address:
+    if sys.argv[2] == "default":  # the control: SIGTERM's default action, as before sigterm_unwinds
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    print(address, flush=True)
+    time.sleep(600)
+"""
+
+
+def _processes_under(folder: str) -> list[str]:
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in ps.splitlines() if folder in line and "ps -ww" not in line]
+
+
+def _terminated_holder(folder: str, mode: str) -> list[str]:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_A_HEAD, folder, mode], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip(), "the head did not come up"
+        assert _processes_under(folder), "the test cannot see the head's processes"
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=60)
+    finally:
+        holder.kill()
+    deadline = time.time() + 20
+    while _processes_under(folder) and time.time() < deadline:
+        time.sleep(0.5)
+    return _processes_under(folder)
+
+
+def test_sigterm_takes_the_ray_head_down_with_the_run():
+    # short folders: Ray's socket paths inside them must stay under the 107 bytes a Unix socket allows
+    folder, control = tempfile.mkdtemp(prefix="vpj"), tempfile.mkdtemp(prefix="vpj")
+    try:
+        assert _terminated_holder(folder, "unwinds") == []
+        assert _terminated_holder(control, "default"), "with SIGTERM's default action the head outlives its run"
+    finally:
+        for line in _processes_under(folder) + _processes_under(control):
+            try:
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(control, ignore_errors=True)
