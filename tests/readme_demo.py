@@ -1,8 +1,9 @@
-"""The ``make demo`` command lines the README tells a newcomer to type, read as make and the quickstart read them.
+"""The ``make demo`` command lines the README and docs/ tell a user to type, read as make and the quickstart read
+them.
 
 ``make demo [ROLLOUT=hf|vllm] [ARGS="..."]`` runs ``verl-pipe quickstart --rollout $(ROLLOUT) $(ARGS)`` (Makefile),
 so a line's config is what ``verl-pipe quickstart``'s own parser builds from those words. Tests that launch a
-documented command build it here, from the README's text, and never from a copy of it.
+documented command build it here, from the pages' text, and never from a copy of it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
+DOCS = os.path.join(REPO, "docs")
 MAKEFILE = os.path.join(REPO, "Makefile")
 
 
@@ -63,13 +65,19 @@ def parse_demo_command(text: str) -> DemoCommand:
     )
 
 
-def readme_demo_commands(path: str = README) -> list[DemoCommand]:
-    """Every ``make demo`` command in the README: inline (```make demo ...```) and on code-block lines."""
-    text = open(path, encoding="utf-8").read()
-    lines = re.findall(r"`(make demo[^`\n]*)`", text)
-    for block in re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.S):
-        lines += [line for line in block.splitlines() if line.lstrip().startswith("make demo")]
-    # each line once, in the README's order; ARGS="..." is the README's placeholder for "your flags", not a command
+def documented_pages() -> list[str]:
+    return [README, *sorted(os.path.join(DOCS, name) for name in os.listdir(DOCS) if name.endswith(".md"))]
+
+
+def readme_demo_commands(paths: list[str] | None = None) -> list[DemoCommand]:
+    """Every ``make demo`` command in the README and docs/: inline (```make demo ...```) and on code-block lines."""
+    lines: list[str] = []
+    for path in paths or documented_pages():
+        text = open(path, encoding="utf-8").read()
+        lines += re.findall(r"`(make demo[^`\n]*)`", text)
+        for block in re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.S):
+            lines += [line for line in block.splitlines() if line.lstrip().startswith("make demo")]
+    # each line once, in the pages' order; ARGS="..." is the placeholder for "your flags", not a command
     return [parse_demo_command(line) for line in dict.fromkeys(lines) if 'ARGS="..."' not in line]
 
 

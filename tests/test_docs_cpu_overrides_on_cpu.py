@@ -1,6 +1,6 @@
-"""The README's "Running verl on CPU" override blocks are exactly what ``cpu_backend_overrides()`` returns.
+"""docs/cpu.md's "Running verl on CPU" override blocks are exactly what ``cpu_backend_overrides()`` returns.
 
-Users copy those lines into their own verl commands; a key added to the code but not to the README (or the other
+Users copy those lines into their own verl commands; a key added to the code but not to the page (or the other
 way round) would silently give them a different run than the plugin's own.
 """
 
@@ -12,15 +12,15 @@ import shlex
 
 from verl_pipe.backends.cpu.overrides import CpuBackendConfig, cpu_backend_overrides
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-SECTION = "### Running verl on CPU"
+PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "cpu.md")
+SECTION = "## Running verl on CPU"
 COMMAND_HEAD = "<your usual overrides>"
 
 
 def _section_bash_blocks() -> list[str]:
-    text = open(README, encoding="utf-8").read()
-    assert SECTION in text, f"README.md lost its {SECTION!r} section"
-    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    text = open(PAGE, encoding="utf-8").read()
+    assert SECTION in text, f"docs/cpu.md lost its {SECTION!r} section"
+    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```bash\n(.*?)```", section, flags=re.S)
 
 
@@ -28,7 +28,7 @@ def _tokens(block: str) -> list[str]:
     return shlex.split(block.replace("\\\n", " "))
 
 
-def test_readme_cpu_override_list_is_exactly_cpu_backend_overrides():
+def test_the_documented_cpu_override_list_is_exactly_cpu_backend_overrides():
     blocks = _section_bash_blocks()
     assert len(blocks) == 2, f"expected the CPU list and the separate-pool addition, found {len(blocks)} blocks"
     head, _, listed = blocks[0].partition(COMMAND_HEAD)

@@ -1,6 +1,6 @@
-"""Every ``make demo`` line of the README builds, in every trainer mode, a run that verl and the mode accept.
+"""Every documented ``make demo`` line builds, in every trainer mode, a run that verl and the mode accept.
 
-The lines are read from the README (:mod:`readme_demo`) and parsed by ``verl-pipe quickstart``'s own parser, as the
+The lines are read from the pages (:mod:`readme_demo`) and parsed by ``verl-pipe quickstart``'s own parser, as the
 Makefile passes them; a line that names no mode is tried with each ``--mode``. Each config must validate (flags),
 select the mode it names, and pass the recipes' dry run: verl's schema and dataclasses, its trainer registry and
 the pipelined modes' own start-up checks. That a documented line also starts, validates and trains is shown by
@@ -34,7 +34,7 @@ def _cases():
 def test_the_first_screen_has_the_demo_on_its_default_engine():
     command = first_screen_demo()
     assert command.args == () and command.rollout == "vllm", command
-    assert len(readme_demo_commands()) >= 4, "the README's demo lines (engines, a mode, hydra overrides) went missing"
+    assert len(readme_demo_commands()) >= 4, "the documented demo lines (engines, a mode, hydra overrides) went missing"
 
 
 @pytest.mark.parametrize("command, mode", list(_cases()))
