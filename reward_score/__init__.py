@@ -29,7 +29,7 @@ from .grading import (
 from .math_grading import MATH_DATA_SOURCES, is_math_source, score_math
 from .sandbox import SandboxConfig, SandboxUnavailable
 from .suites import CODE_SOURCES, build_suite
-from .test_store import resolve_ground_truth
+from .problem_tests import resolve_ground_truth
 
 __all__ = ["KNOWN_DATA_SOURCES", "OUTCOMES", "REWARD_KWARGS", "compute_score", "extract_last_python_block"]
 

@@ -37,7 +37,7 @@ class PipelineConfig:
     drop_env_failures: bool = True
     # Skip prompt groups whose rewards are all equal before any forward pass (their GRPO advantages are all
     # zero); a step left with no group skips its optimizer step too. Off by default: under token-mean the
-    # kept tokens then weigh more than in verl's run (seed 002's "deferred logprobs").
+    # kept tokens then weigh more than in verl's run ("deferred log-probs").
     skip_uniform_reward_groups: bool = False
     # in_flight_pipeline only. The lag bound, in policy versions and per token: a token sampled by v_j may train
     # at step k only if (k - 1) - j <= max_lag (the trainer holds v_{k-1}). 0 trains exactly what verl's sync

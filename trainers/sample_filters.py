@@ -9,8 +9,8 @@ one override point between the batch's arrival and its first forward pass:
 2. environment failures (``drop_env_failures``): samples whose reward says ``sandbox_error`` (the score says
    nothing about the program); a group left with half or fewer valid samples goes whole;
 3. uniform-reward groups (``skip_uniform_reward_groups``): groups whose rewards are all equal have all-zero
-   group-relative advantages; skipping them saves their old/ref log-prob and update passes (seed 002's
-   "deferred logprobs"). Samples dropped by 2. do not count towards a group's uniformity.
+   group-relative advantages; skipping them saves their old/ref log-prob and update passes ("deferred
+   log-probs"). Samples dropped by 2. do not count towards a group's uniformity.
 
 The filters themselves are plain functions in :mod:`verl_pipe.algorithms.filters`. The batch that survives is
 refilled by verl's own ``upsample_batch_to_divisible_size`` to the data-parallel / minibatch multiple with no-op

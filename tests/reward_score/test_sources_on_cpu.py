@@ -12,8 +12,7 @@ import json
 import pytest
 
 from verl_pipe.reward_score import KNOWN_DATA_SOURCES, RESULT_KEYS, compute_score
-from verl_pipe.reward_score.test_store import TEST_STORE_ENV, write_test_store
-from verl_pipe.reward_score.test_store import TestStore as GroundTruthStore  # a Test* name pytest would collect
+from verl_pipe.reward_score.problem_tests import TEST_STORE_ENV, ProblemTestStore, write_test_store
 
 
 def fenced(code: str, tag: str = "python") -> str:
@@ -742,7 +741,7 @@ def test_store_inline_object_with_problem_id_and_data_is_not_a_reference(store):
 
 def test_store_lru_cache_is_bounded(store):
     """Guards against the per-process ground-truth cache growing without bound or evicting the wrong entry."""
-    cache = GroundTruthStore(store, cache_size=2)
+    cache = ProblemTestStore(store, cache_size=2)
     for pid in ("p1", "p2", "p3"):
         assert cache.get(pid)
     assert list(cache._cache) == ["p2", "p3"]
@@ -754,4 +753,4 @@ def test_store_lru_cache_is_bounded(store):
     with pytest.raises(KeyError, match="nope"):
         cache.get("nope")
     with pytest.raises(FileNotFoundError, match=TEST_STORE_ENV):
-        GroundTruthStore(store + ".missing")
+        ProblemTestStore(store + ".missing")

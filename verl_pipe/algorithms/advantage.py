@@ -1,7 +1,7 @@
 """GRPO+'s advantage estimator, registered in verl as ``algorithm.adv_estimator=grpo_plus``.
 
 Per group of samples sharing a ``uid``: A_i = r_i - mean(r), divided by (std(r) + epsilon) when
-``algorithm.norm_adv_by_std_in_grpo`` is true (DeepCoder) and left undivided when false (Dr.GRPO, seed 002).
+``algorithm.norm_adv_by_std_in_grpo`` is true (DeepCoder) and left undivided when false (Dr.GRPO).
 The std is the unbiased one, as in verl's ``grpo``. The sequence advantage is broadcast over the response mask.
 
 A degenerate group -- every reward equal, which includes a group of one -- carries no learning signal: its

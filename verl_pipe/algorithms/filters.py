@@ -1,4 +1,5 @@
-"""Sample filters for off-policy (pipelined) training, after seed 004. Plain functions over per-sample columns.
+"""Sample filters for off-policy (pipelined) training, as large asynchronous RL runs use them. Plain functions
+over per-sample columns.
 
 Each returns a :class:`FilterResult`: the row indices to keep, in batch order (a row may appear more than once
 when a group is padded), and metrics saying what was dropped. The pipelined trainers apply them to each batch
@@ -96,8 +97,8 @@ def filter_uniform_reward_groups(
 ) -> FilterResult:
     """Drop every group whose samples all got the same reward (within ``tolerance``).
 
-    Group-relative advantages of such a group are all zero: it carries no learning signal, so the deferred-
-    logprobs schedule of seed 002 skips it before any log-prob is computed. Note that under a token-mean loss
+    Group-relative advantages of such a group are all zero: it carries no learning signal, so a deferred-
+    log-prob schedule skips it before any log-prob is computed. Note that under a token-mean loss
     the skipped groups' tokens also leave the loss denominator, so the surviving tokens weigh more than in a run
     that keeps them (the direction of the gradient is unchanged).
     """

@@ -4,7 +4,7 @@ Per response token t, with ratio rho_t = pi_theta / pi_old and advantage A_t:
 
     l_t = max(-A_t * rho_t, -A_t * clip(rho_t, 1 - eps_low, 1 + eps_high))      asymmetric clip (clip-high)
     l_t = min(l_t, -A_t * c)  when A_t < 0                                       dual clip (optional)
-    l_t = 0  when r_t = pi_theta / pi_rollout is outside (1 - is_eps_low, 1 + is_eps_high)   (seed 004, eq. 3-5)
+    l_t = 0  when r_t = pi_theta / pi_rollout is outside (1 - is_eps_low, 1 + is_eps_high)   token-level IS mask
 
 and the loss is verl's ``agg_loss`` of l over the response mask with verl's global-batch normalisation
 (``token-mean`` by default). The mean is taken over the *clipped* surrogate -- the quantity rllm#81 forgot --

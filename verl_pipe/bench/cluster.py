@@ -2,9 +2,9 @@
 
 A benchmark that compares schedules is only as honest as the cluster it prices them on. Here a cluster is named
 after the recipe it stands for (the model, the GPUs, the batch and response lengths), and every rate of its
-latency model comes from a roofline calibrated with one real H100's (and H200's) measurements
-(``shared/reference/h100_calibration.md``: decode weight streaming at 75-79% of HBM peak for 14B and ~46% for
-1.5B, KV reads at 87-91%, prefill at 61% / 53% MFU, training at 58% / 47% on one GPU). Each parameter carries its
+latency model comes from a roofline calibrated with one real H100's (and H200's) measurements (decode weight
+streaming at 75-79% of HBM peak for 14B and ~46% for 1.5B, KV reads at 87-91%, prefill at 61% / 53% MFU,
+training at 58% / 47% on one GPU). Each parameter carries its
 source, so a reader can see which numbers are measured, which are datasheet figures and which are assumptions
 (:meth:`Roofline.sources`).
 

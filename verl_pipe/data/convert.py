@@ -122,7 +122,7 @@ def write_parquet(rows: list[dict[str, Any]], path: str, chunk_rows: int = 512) 
 def write_store(path: str, problems: Iterable[CodeProblem]) -> int:
     """Build the reward's test store (problem id -> tests) at ``path``, replacing any previous file whole,
     so it holds exactly this dataset; returns the number of problems stored."""
-    from verl_pipe.reward_score.test_store import write_test_store
+    from verl_pipe.reward_score.problem_tests import write_test_store
 
     tmp_path = f"{path}.tmp-{os.getpid()}"
     if os.path.exists(tmp_path):

@@ -1,6 +1,6 @@
 """A model's Codeforces rating, estimated the CodeElo way, as DeepCoder reports it.
 
-Method (DeepCoder thesis, seed 000, Appendix A "Codeforces Evaluation", which follows CodeElo, Quan et al.
+Method (the DeepCoder / rLLM thesis, Appendix A "Codeforces Evaluation", which follows CodeElo, Quan et al.
 2025, https://arxiv.org/abs/2501.01257), contest by contest:
 
 1. **Score** the model's ordered attempts per problem as Codeforces does (:func:`score_contest`): a problem

@@ -1,5 +1,5 @@
 """Tests stored by problem id, so a sample's ground truth can be ``{"problem_id": ...}`` instead of megabytes
-of test data copied into every row and every Ray message (seed 001's "store tests by problem id").
+of test data copied into every row and every Ray message (only the id and the code travel).
 
 The store is one SQLite file (the data tooling writes it; readers open it read-only and look rows up lazily
 with a bounded LRU cache). Inline ground truths keep working: only a JSON object whose keys are
@@ -57,7 +57,7 @@ def write_test_store(path: str, rows: Iterable[tuple[str, str, Any]]) -> int:
     return count
 
 
-class TestStore:
+class ProblemTestStore:
     """Read-only, thread-safe lookups with an LRU cache of ``cache_size`` ground truths."""
 
     def __init__(self, path: str, cache_size: int = 4096):
@@ -97,16 +97,16 @@ class TestStore:
         return self._db().execute("SELECT COUNT(*) FROM tests").fetchone()[0]
 
 
-_stores: dict[str, TestStore] = {}
+_stores: dict[str, ProblemTestStore] = {}
 _stores_lock = threading.Lock()
 
 
-def open_store(path: str) -> TestStore:
-    """One shared :class:`TestStore` per path in this process."""
+def open_store(path: str) -> ProblemTestStore:
+    """One shared :class:`ProblemTestStore` per path in this process."""
     path = os.path.abspath(path)
     with _stores_lock:
         if path not in _stores:
-            _stores[path] = TestStore(path)
+            _stores[path] = ProblemTestStore(path)
         return _stores[path]
 
 
