@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
-from verl_pipe.bench.pipeline import SCHEDULES
+from verl_pipe.bench.pipeline import PROFILES, SCHEDULES, BenchConfig, knob_overrides, run_bench, verl_steps_per_step
 from verl_pipe.quickstart import DATASETS
 from verl_pipe.run_metrics import Validation, validations_from_verl_log
 
@@ -42,7 +42,6 @@ RUN_RECORD = "run.json"  # a finished run's record in its folder: a rerun into t
 def pricing_minibatches() -> int:
     """Minibatch updates per step of the pricing profile's cluster: the learning runs train with as many."""
     from verl_pipe.bench import cluster as clusters
-    from verl_pipe.bench.pipeline import PROFILES
 
     return clusters.cluster(PROFILES[PRICING_PROFILE].cluster).workload.minibatches
 
@@ -166,7 +165,6 @@ def price_steps(cfg: LearnBenchConfig, out_dir: str, address: str, progress: Cal
     if path:
         with open(path, encoding="utf-8") as fh:
             return pricing_from_report(json.load(fh), cfg)
-    from verl_pipe.bench.pipeline import BenchConfig, run_bench
 
     schedules = tuple(MODE_SCHEDULES[m] for m in cfg.modes)
     progress(f"pricing the steps: bench pipeline, {PRICING_PROFILE} profile, {cfg.prompts_per_step} x "
@@ -222,7 +220,6 @@ def item_verdicts(validation_dir: str, per_verl_step: int = 1) -> dict[int, dict
 def train_run(cfg: LearnBenchConfig, mode: str, seed: int, knobs: dict[str, Any], out_dir: str, address: str,
               validate_first: bool) -> SeedRun:  # fmt: skip
     """One mode at one seed through ``verl-pipe quickstart``'s machinery (progress lines included)."""
-    from verl_pipe.bench.pipeline import knob_overrides, verl_steps_per_step
     from verl_pipe.bench.plan import Knobs
     from verl_pipe.plot import load_verl_metrics
     from verl_pipe.quickstart import QuickstartConfig, follow_training, metrics_log_path, prepare
