@@ -25,20 +25,17 @@ PYTHON=$(recipe_python)            # $PYTHON, an activated virtualenv, or the pr
 recipe_require_python "$PYTHON"
 
 # DRY_RUN=1 (or json): compose and validate the run's verl config against verl's schema, then print it; builds and
-# starts nothing. Arguments are then hydra overrides only; the quickstart reads a trainer.v1.trainer_mode override
-# (or a +verl_pipe_trainer=<mode> preset) as its mode, as --mode.
+# starts nothing. Arguments are then hydra overrides only (MODE sets the mode, as --mode).
 if [[ "${DRY_RUN:-0}" != 0 ]]; then
     json=()
     [[ "$DRY_RUN" == json ]] && json=(--json)
-    mode=()
-    [[ -n "$MODE" ]] && mode=(trainer.v1.trainer_mode="$MODE")
     exec "$PYTHON" -m verl_pipe.recipe_check dry-run-quickstart "${json[@]}" --model "$MODEL" --steps "$STEPS" \
-        --ranks "$RANKS" -- "${mode[@]}" "$@"
+        --ranks "$RANKS" --mode "${MODE:-sync}" -- "$@"
 fi
 
 # The same run as `verl-pipe quickstart`: it builds the model folder and the parquet files, then launches
 # `python -m verl.trainer.main_ppo` with the CPU-backend overrides, prints a line per step and draws the curves.
-# MODE, when set, is --mode: the quickstart refuses a mode override or preset among the arguments that disagrees.
+# MODE, when set, is --mode (the quickstart refuses a mode override or preset among the arguments, naming --mode).
 mode=()
 [[ -n "$MODE" ]] && mode=(--mode "$MODE")
 exec "$PYTHON" -m verl_pipe.cli quickstart --model "$MODEL" --steps "$STEPS" --ranks "$RANKS" "${mode[@]}" \

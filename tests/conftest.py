@@ -49,7 +49,7 @@ def tiny_model_path() -> str:
 @pytest.fixture(scope="session")
 def ray_cluster():
     """Address of a local Ray head with verl-pipe's CPU platform in every worker's environment."""
-    from verl_pipe.bench.jobs import local_ray_head
+    from verl_pipe.local_jobs import local_ray_head
 
     with local_ray_head(num_cpus=16) as address:
         yield address
@@ -57,8 +57,8 @@ def ray_cluster():
 
 @pytest.fixture(scope="session")
 def verl_runner():
-    """The function that runs verl's stock entrypoint as a child process (:func:`verl_pipe.bench.jobs.run_verl_job`)."""
-    from verl_pipe.bench.jobs import run_verl_job
+    """The function that runs verl's stock entrypoint as a child process (:func:`verl_pipe.local_jobs.run_verl_job`)."""
+    from verl_pipe.local_jobs import run_verl_job
 
     return run_verl_job
 

@@ -71,10 +71,10 @@ def test_this_suite_is_not_shadowed_by_site_packages_tests(request):
 # slip in (the hf rollout server once imported the benchmark's latency model: it now has a timing slot instead).
 LAYERS = (
     # foundation: version checks, patch machinery, run-on-import hooks, the JSON report writer, hydra presets, the
-    # table of trainer modes
+    # table of trainer modes, running verl jobs on a private Ray head (the tests and the benchmarks)
     ("foundation", ("verl_pipe", "verl_pipe.compat", "verl_pipe.import_hooks", "verl_pipe.patching",
-                    "verl_pipe.patch_registry", "verl_pipe.step_metrics", "verl_pipe.reports", "verl_pipe.config",
-                    "verl_pipe.trainer_modes")),
+                    "verl_pipe.step_metrics", "verl_pipe.reports", "verl_pipe.config", "verl_pipe.trainer_modes",
+                    "verl_pipe.local_jobs")),
     # self-contained parts: the reward itself, the CPU backend, local models, GRPO+
     ("components", ("verl_pipe.reward_score", "verl_pipe.backends", "verl_pipe.models", "verl_pipe.algorithms")),
     # built on the reward: the reward manager inside verl's reward loop, dataset tooling, run summaries
@@ -86,8 +86,9 @@ LAYERS = (
     # what a user runs: each may drive a trainer, a model, the reward, and plot
     ("commands", ("verl_pipe.quickstart", "verl_pipe.baseline", "verl_pipe.evaluation", "verl_pipe.bench",
                   "verl_pipe.recipe_check")),
-    # entry points: verl's plugin hook and the `verl-pipe` command, which reach everything
-    ("entry points", ("verl_pipe.register", "verl_pipe.cli")),
+    # entry points: verl's plugin hook, the table of patches it installs (whose code lives with each feature), the
+    # docs written from that table, and the `verl-pipe` command: they reach everything
+    ("entry points", ("verl_pipe.register", "verl_pipe.patch_registry", "verl_pipe.patch_docs", "verl_pipe.cli")),
 )  # fmt: skip
 SOURCE_FOLDERS = {"verl_pipe": "verl_pipe", "trainers": "verl_pipe.trainers", "reward_score": "verl_pipe.reward_score"}
 
@@ -158,9 +159,51 @@ def test_no_module_imports_a_higher_layer():
     assert not upward, "imports from a lower layer into a higher one:\n" + "\n".join(upward)
 
 
+def _patch_tables() -> dict[str, tuple]:
+    """Every module that declares patches of verl -> the patches it declares (its module-level tuples of them)."""
+    import importlib
+
+    from verl_pipe.patching import VerlPatch
+
+    tables = {}
+    for module, path in _source_modules().items():
+        if module == "verl_pipe.patching" or "VerlPatch(" not in open(path, encoding="utf-8").read():
+            continue
+        values = vars(importlib.import_module(module)).values()
+        tables[module] = tuple(
+            {id(p): p for value in values if isinstance(value, tuple) for p in value if isinstance(p, VerlPatch)}.values()
+        )
+    return tables
+
+
+def _upward_apply_targets(tables: dict[str, tuple]) -> list[str]:
+    """A table's ``apply`` targets are imports the plugin makes on its behalf: none may point to a higher layer."""
+    found = []
+    for module, patches in tables.items():
+        for patch in patches:
+            target_layer, layer = _layer_of(patch.apply_module), _layer_of(module)
+            if target_layer is None or target_layer > layer:
+                found.append(f"{module} ({LAYERS[layer][0]}) applies {patch.name} from {patch.apply_module}")
+    return found
+
+
+def test_no_patch_table_applies_code_of_a_higher_layer():
+    tables = _patch_tables()
+    assert set(tables) == {"verl_pipe.patch_registry", "verl_pipe.bench.latency_hooks"}, sorted(tables)
+    assert sum(len(patches) for patches in tables.values()) >= 26
+    assert _upward_apply_targets(tables) == []
+    # the control: the registry placed in the foundation, where it once was, applies code from above it
+    from verl_pipe.patching import VerlPatch
+
+    planted = VerlPatch("planted", "verl:x", "x", "why", "upstream", apply="verl_pipe.trainers.patches:_patch_x")
+    assert len(_upward_apply_targets({"verl_pipe.patching": (planted,)})) == 1
+
+
 # A reader of the repo has neither our issue tracker, nor the design notes, nor the numbered source documents the
 # project began from: comments and docs say what is true and why, citing public sources, without pointing at those.
-OUTSIDE_REFERENCES = re.compile(r"\b[Ii]ssues? #?\d+|\bDESIGN\.md\b|\b[Ss]eeds? \d{3}\b|\bshared/(reference|seeds)/")
+OUTSIDE_REFERENCES = re.compile(
+    r"\b[Ii]ssues? #?\d+|\bDESIGN\.md\b|\b[Ss]eeds? \d{3}\b|\bshared/(reference|seeds)/|\b[Rr]eference §\d"
+)
 
 
 def _outside_references(paths: list[str]) -> list[str]:
@@ -180,5 +223,5 @@ def test_no_comment_or_doc_points_outside_the_repo(tmp_path):
     assert len(texts) > 100
     assert _outside_references(texts) == []
     planted = tmp_path / "planted.py"  # the controls: a comment that cites an issue, or a source document, is found
-    planted.write_text("x = 1  # see issue" + " 19\ny = 2  # after seed" + " 004\n")
-    assert len(_outside_references([str(planted)])) == 2
+    planted.write_text("x = 1  # see issue" + " 19\ny = 2  # after seed" + " 004\nz = 3  # reference" + " §4\n")
+    assert len(_outside_references([str(planted)])) == 3

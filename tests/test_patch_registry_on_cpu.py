@@ -1,6 +1,6 @@
-"""The patch registry: every runtime change to verl is declared there, matches the installed verl, and a
-correctness-critical one that no longer matches stops the run before it starts (with one line that names the
-verl version, the patch and the fix)."""
+"""The patch tables: every runtime change to verl is declared in one (the product's registry, or the benchmark's
+own), matches the installed verl, and a correctness-critical one that no longer matches stops the run before it
+starts (with one line that names the verl version, the patch and the fix)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ import textwrap
 
 import pytest
 
-from verl_pipe import patch_registry
+from verl_pipe import patching
+from verl_pipe.bench.latency_hooks import LATENCY_MODEL_PATCHES
 from verl_pipe.compat import SetupError, installed_verl_version
 from verl_pipe.import_hooks import when_imported
 from verl_pipe.patch_registry import PATCHES
 from verl_pipe.patching import STATUS, CriticalPatchMissing, VerlPatch, apply_patches
+
+EVERY_PATCH = PATCHES + LATENCY_MODEL_PATCHES
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE_DIRS = ("verl_pipe", "trainers", "reward_score")
@@ -35,36 +38,37 @@ def _sources() -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+@pytest.mark.parametrize("patch", EVERY_PATCH, ids=lambda p: p.name)
 def test_every_patch_matches_the_installed_verl_and_explains_itself(patch):
     assert patch.matches(), f"verl changed {patch.target}; re-read it, then update or drop patch {patch.name}"
     assert patch.why and patch.upstream
-    assert patch.when in patch_registry.ACTIVE_WHEN
+    assert patch.when in patching.ACTIVE_WHEN
     if patch.critical:
         assert patch.consequence, "a critical patch says what would silently go wrong without it"
 
 
 def test_names_are_unique_and_every_patch_reports_its_calls():
-    names = [patch.name for patch in PATCHES]
+    names = [patch.name for patch in EVERY_PATCH]
     assert len(names) == len(set(names))
     sources = _sources()
     reported = set()
     for text in sources.values():
         reported |= set(re.findall(r'\bfired\(\s*"([^"]+)"', text))
     assert reported <= set(names), f"fired() names no registered patch: {reported - set(names)}"
-    code = "\n".join(text for path, text in sources.items() if not path.endswith("patch_registry.py"))
-    for patch in PATCHES:  # the patch's code reports its calls by name (fired(), or through a helper)
+    # the tables' own text (a declaration's name= string) does not count as reporting
+    code = "\n".join(re.sub(r'name="[^"]+"', "", text) for text in sources.values())
+    for patch in EVERY_PATCH:  # the patch's code reports its calls by name (fired(), or through a helper)
         assert f'"{patch.name}"' in code, f"the code of {patch.name} never reports its calls"
 
 
-def test_no_module_patches_verl_outside_the_registry():
-    """Every module that marks a replacement of verl code is the home of some registered patch."""
-    homes = {patch.apply.split(":")[0] for patch in PATCHES}
+def test_no_module_patches_verl_outside_the_tables():
+    """Every module that marks a replacement of verl code is the home of some declared patch."""
+    homes = {patch.apply_module for patch in EVERY_PATCH}
     for path, text in _sources().items():
         if "mark_patched(" in text and not path.endswith("patching.py"):
             module = path[:-3].replace(os.sep, ".").removesuffix(".__init__")
             module = re.sub(r"^(trainers|reward_score)\.", r"verl_pipe.\1.", module)
-            assert module in homes, f"{path} patches verl but declares nothing in verl_pipe/patch_registry.py"
+            assert module in homes, f"{path} patches verl but no patch table declares it"
 
 
 def _stale(critical_when: str | None) -> VerlPatch:
@@ -129,22 +133,28 @@ def test_the_import_hook_lets_a_critical_refusal_through(tmp_path, monkeypatch, 
     sys.modules.pop("vp_hook_target_b", None)
 
 
-def _with_broken(name: str) -> tuple[VerlPatch, ...]:
-    return tuple(
-        dataclasses.replace(p, fingerprint="code verl never had") if p.name == name else p for p in PATCHES
-    )
-
-
 def test_grpo_plus_refuses_to_start_when_a_patch_it_needs_changed(monkeypatch):
+    import verl  # noqa: F401 - loads the plugin, which installs the registry in this process
     from omegaconf import OmegaConf
 
     from verl_pipe.algorithms.config import validate_actor_for_grpo_plus
 
     actor = OmegaConf.create({"loss_agg_mode": "token-mean", "policy_loss": {"loss_mode": "grpo_plus"}})
     validate_actor_for_grpo_plus(actor)  # control: today's verl matches
-    monkeypatch.setattr(patch_registry, "PATCHES", _with_broken("grpo_plus_overlong_mask_before_token_count"))
-    with pytest.raises(CriticalPatchMissing, match="grpo_plus_overlong_mask_before_token_count"):
+    name = "grpo_plus_overlong_mask_before_token_count"
+    broken = dataclasses.replace(patching.INSTALLED[name], fingerprint="code verl never had")
+    monkeypatch.setitem(patching.INSTALLED, name, broken)
+    with pytest.raises(CriticalPatchMissing, match=name):
         validate_actor_for_grpo_plus(actor)
+
+
+def test_the_critical_checks_are_never_vacuous(monkeypatch):
+    """A process in which no table was installed cannot vouch for GRPO+'s patches: it refuses, naming the fix."""
+    monkeypatch.setattr(patching, "INSTALLED", {})
+    with pytest.raises(CriticalPatchMissing, match="no patch for 'grpo_plus' is installed"):
+        patching.require_patches("grpo_plus")
+    with pytest.raises(CriticalPatchMissing, match="no patch for 'grpo_plus' is installed"):
+        patching.refuse_if_skipped("grpo_plus")
 
 
 def test_the_grpo_plus_loss_refuses_where_its_patch_was_skipped(monkeypatch):
@@ -194,17 +204,3 @@ def test_a_verl_run_refuses_to_start_naming_the_patch(tmp_path, broken, refuses)
     else:  # a non-critical patch does not stop the run (hydra's --help then exits normally)
         assert out.returncode == 0, out.stderr[-3000:]
         assert "Powered by Hydra" in out.stdout
-
-
-def test_docs_describe_every_patch_and_the_readme_counts_them():
-    with open(os.path.join(REPO, "docs", "upstream.md"), encoding="utf-8") as handle:
-        documented = re.findall(r"^### (\S+)", handle.read(), flags=re.M)
-    assert sorted(documented) == sorted(p.name for p in PATCHES)
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
-        readme = " ".join(handle.read().split())
-    by_when = {when: sum(p.when == when for p in PATCHES) for when in ("always", "cpu platform", "latency model")}
-    assert f"{len(PATCHES)} patches, all declared in one table" in readme
-    assert f"{by_when['always']} of them apply" in readme
-    words = {4: "Four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
-    assert f"{words[by_when['cpu platform']]} more apply only with `VERL_PLATFORM=cpu`" in readme
-    assert f"and {words[by_when['latency model']]} only inside `make bench`" in readme

@@ -24,7 +24,7 @@ from verl_pipe.quickstart import TRAINER_MODES, training_overrides  # noqa: E402
 def _cases():
     for command in readme_demo_commands():
         config = command.config()
-        if config.mode_source:  # the line names its mode
+        if any(arg.startswith("--mode") for arg in command.args):  # the line names its mode
             yield pytest.param(command, config.mode, id=f"{command.line} [{config.mode}]")
         else:
             for mode in TRAINER_MODES:

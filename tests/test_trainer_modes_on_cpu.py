@@ -17,9 +17,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_the_shipped_presets_are_exactly_the_plugins_modes():
-    from verl_pipe.quickstart import mode_presets
+    from verl_pipe.trainer_modes import preset_modes
 
-    assert sorted(mode_presets()) == sorted(plugin_modes())
+    assert sorted(preset_modes()) == sorted(plugin_modes())
 
 
 def test_each_plugin_modes_module_defines_its_trainer_under_that_name():

@@ -1,6 +1,7 @@
 """``one_off_pipeline``: the sampler pool generates batch k+1 while the trainer trains on batch k.
 
-DeepCoder's one-off pipelining (thesis §4.2) on verl's V1 trainer: ``trainer.v1.trainer_mode=one_off_pipeline``.
+DeepCoder's one-off pipelining (the DeepCoder / rLLM thesis, §4.2) on verl's V1 trainer:
+``trainer.v1.trainer_mode=one_off_pipeline``.
 The schedule, with v_j the weights after j updates (verl's ``global_steps`` tag of a sync):
 
     sampler:  [gen B1 (v0)] [gen B2 (v0)   ]   [sync v1][gen B3 (v1)   ]   [sync v2][gen B4 (v2) ...
@@ -42,6 +43,22 @@ class StalenessError(RuntimeError):
 @register_trainer("one_off_pipeline")
 class OneOffPipelineTrainer(PipelinedTrainer):
     MODE = "one_off_pipeline"
+    # The schedule, top to bottom: each hook of verl's V1 loop this mode overrides, in the order verl calls them
+    # (trainer_base.fit -> step -> _step_once), and what it does there. Between the replay buffer's polls for B_k
+    # (_on_replay_buffer_poll) the sampler is synced and B_{k+1} started as soon as B_k has generated.
+    # tests/trainers/test_schedules_on_cpu.py holds this table to verl's loop and to the class.
+    SCHEDULE = (
+        ("on_train_begin", "submit the sample-only batch B_1 (batches restored from a checkpoint count as sent)"),
+        ("prepare_step", "nothing: the schedule submits batches, not the step"),
+        ("on_sample_begin", "the trainer waits for B_k (on its timeline)"),
+        ("on_sample_end", "B_k in hand, nothing else in flight: sync if behind and start B_{k+1}"),
+        ("_balance_batch", "drop the samples the filters refuse, before any log-prob"),
+        ("_update_actor", "skip an update left with nothing to train"),
+        ("on_step_end", "if B_{k+1} has generated, sync v_k and start B_{k+2} at once"),
+        ("on_validate_begin", "wait for an idle sampler, sync if behind, lend it the trainer's cores"),
+        ("on_validate_end", "take them back"),
+        ("_compute_metrics", "every sample is exactly one version old, or the step stops"),
+    )  # fmt: skip
 
     def __init__(self, config):
         super().__init__(config)

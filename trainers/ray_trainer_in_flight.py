@@ -68,6 +68,27 @@ class LagBoundError(RuntimeError):
 class InFlightPipelineTrainer(PipelinedTrainer):
     MODE = "in_flight_pipeline"
     REPLAY_BUFFER = (IN_FLIGHT_BUFFER_PATH, IN_FLIGHT_BUFFER_NAME)
+    # The schedule, top to bottom: each hook of verl's V1 loop this mode overrides, in the order verl calls them
+    # (trainer_base.fit -> step -> _step_once, once per minibatch), and what it does there. The feeder thread
+    # (_feed) runs beside all of it, topping the sampler up whenever the lag bound allows.
+    # tests/trainers/test_schedules_on_cpu.py holds this table to verl's loop and to the class.
+    SCHEDULE = (
+        ("on_train_begin", "restore the counters from the checkpoint, admit the first batches, start the feeder"),
+        ("prepare_step", "raise a feeder failure here, on the trainer's thread; nothing is submitted per step"),
+        ("on_sample_begin", "the step's last minibatch waits for every group due now; earlier ones take what is "
+         "ready, if the due groups they leave fit in the minibatches after them"),
+        ("on_sample_end", "count the groups taken; send a minibatch load that waited for them to finish"),
+        ("_balance_batch", "drop the samples the filters refuse, before any log-prob"),
+        ("_update_actor", "skip an update left with nothing to train"),
+        ("_step_once", "after each minibatch update but the step's last: load its weights into the running "
+         "batches, unless a group due now still generates (then on_sample_end sends it)"),
+        ("_save_checkpoint", "hold the feeder while the dataloader's state is saved"),
+        ("on_step_end", "load v_k into the running batches, aborting nothing; at lag 0 the next batch starts now"),
+        ("on_validate_begin", "lend the trainer's cores to the sampler pool, which validates"),
+        ("on_validate_end", "take them back"),
+        ("_compute_metrics", "each sample's token lag from its version tags; stop if one broke max_lag"),
+        ("on_train_end", "stop the feeder"),
+    )  # fmt: skip
 
     def __init__(self, config):
         super().__init__(config)

@@ -1,6 +1,7 @@
 """``minibatch_pipeline``: the trainer updates on minibatches of finished prompt groups while the rest generate.
 
-verl-pipe's minibatch pipelining (thesis §4.2) on verl's V1 trainer: ``trainer.v1.trainer_mode=minibatch_pipeline``.
+verl-pipe's minibatch pipelining (the DeepCoder / rLLM thesis, §4.2) on verl's V1 trainer:
+``trainer.v1.trainer_mode=minibatch_pipeline``.
 Each iteration:
 
 1. the iteration's ``data.train_batch_size`` prompts go to the sampler pool at once;
@@ -26,6 +27,21 @@ from verl_pipe.trainers.config import PipelineConfigError
 @register_trainer("minibatch_pipeline")
 class MinibatchPipelineTrainer(PipelinedTrainer):
     MODE = "minibatch_pipeline"
+    # The schedule, top to bottom: each hook of verl's V1 loop this mode overrides, in the order verl calls them
+    # (trainer_base.fit -> step -> _step_once, once per minibatch), and what it does there.
+    # tests/trainers/test_schedules_on_cpu.py holds this table to verl's loop and to the class.
+    SCHEDULE = (
+        ("on_train_begin", "nothing: no prefetch, each iteration generates its own prompts"),
+        ("prepare_step", "submit the iteration's prompts (less those a resumed checkpoint restored)"),
+        ("on_sample_begin", "the trainer waits for a minibatch of finished groups (on its timeline)"),
+        ("on_sample_end", "train on them while the rest generate"),
+        ("_balance_batch", "drop the samples the filters refuse, before any log-prob"),
+        ("_update_actor", "skip an update left with nothing to train"),
+        ("on_step_end", "check nothing spills into the next iteration, then sync v_k"),
+        ("on_validate_begin", "lend the trainer's cores to the sampler pool, which validates"),
+        ("on_validate_end", "take them back"),
+        ("_compute_metrics", "the step's ledger, staleness histogram and phase times"),
+    )  # fmt: skip
 
     def parameter_sync_step_for(self, config) -> int:
         minibatches = config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size

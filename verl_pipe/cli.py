@@ -158,6 +158,11 @@ def _doctor(args: argparse.Namespace) -> int:
     import os
     import shutil
 
+    if args.markdown:
+        from verl_pipe.patch_docs import upstream_markdown
+
+        print(upstream_markdown(), end="")
+        return 0
     from verl_pipe.compat import check_verl_version
 
     print(f"verl: {check_verl_version()} (supported)")
@@ -169,10 +174,15 @@ def _doctor(args: argparse.Namespace) -> int:
     for kind, names in REGISTERED.items():
         if kind != "patches":
             print(f"registered {kind}: {', '.join(names)}")
-    from verl_pipe.patch_registry import PATCHES, patch_table
+    from verl_pipe.bench.latency_hooks import LATENCY_MODEL_PATCHES
+    from verl_pipe.patch_registry import PATCHES
+    from verl_pipe.patching import patch_table
 
     print(f"verl patches ({len(PATCHES)}; what each replaces and why: docs/upstream.md):")
-    for line in patch_table():
+    for line in patch_table(PATCHES):
+        print(f"  {line}")
+    print(f"the benchmark's own patches ({len(LATENCY_MODEL_PATCHES)}; installed only with its latency model on):")
+    for line in patch_table(LATENCY_MODEL_PATCHES, import_triggers=False):
         print(f"  {line}")
     from verl_pipe.reward_score.sandbox import probe_bwrap
 
@@ -209,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument(
         "--mode",
         choices=list(TRAINER_MODES),
-        help="V1 trainer mode (default: the mode an override or +verl_pipe_trainer preset names, else sync); "
+        help="V1 trainer mode (default: sync); "
         "sets its pools and weight sync on the CPU backend (see below)",
     )
     qs.add_argument(
@@ -238,7 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     qs.add_argument("--out-dir", dest="out_dir")
     qs.add_argument("--seed", type=int)
-    qs.add_argument("overrides", nargs="*", help="hydra overrides passed to verl, e.g. trainer.total_training_steps=5")
+    qs.add_argument(
+        "overrides",
+        nargs="*",
+        help="hydra overrides passed to verl last, so they win, e.g. actor_rollout_ref.rollout.n=8 (the mode, the "
+        "engine and the step count are the flags above)",
+    )
     qs.set_defaults(func=_quickstart)
 
     plot = sub.add_parser("plot", help="draw a run's metrics.jsonl, or a pipelined run's timeline.json as a Gantt chart")
@@ -359,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_command(sub)
 
     doctor = sub.add_parser("doctor", help="show what verl-pipe registers and what it finds on this machine")
+    doctor.add_argument(
+        "--markdown", action="store_true", help="print every patch of verl as Markdown (docs/upstream.md) and stop"
+    )
     doctor.set_defaults(func=_doctor)
     return parser
 

@@ -1,8 +1,11 @@
 """How verl-pipe changes verl at run time: version-guarded patches, applied when verl imports their target.
 
-Every patch is declared once, in :mod:`verl_pipe.patch_registry`, as a :class:`VerlPatch`: the verl code it
-replaces (a *fingerprint*: text that must still be in that code), why, the upstream change that would make it
-unnecessary, when it applies, and whether skipping it would silently change what is trained.
+Every patch is declared once, as a :class:`VerlPatch`: the verl code it replaces (a *fingerprint*: text that
+must still be in that code), why, the upstream change that would make it unnecessary, when it applies, and
+whether skipping it would silently change what is trained. The product's patches are one table,
+:mod:`verl_pipe.patch_registry`; the benchmark declares its own (:mod:`verl_pipe.bench.latency_hooks`). The
+plugin hands each table to :func:`install`, which also makes it what this process checks critical patches
+against (:func:`require_patches`, :func:`refuse_if_skipped`).
 
 When verl's code no longer matches a fingerprint, patching it blindly would be worse than not patching, so the
 patch is not applied, and then:
@@ -47,6 +50,25 @@ CRITICAL_WHEN = {
 }
 
 
+def _vllm_on_cpu() -> bool:
+    """VERL_PLATFORM=cpu with vLLM importable (found, not imported: this runs in every process)."""
+    try:
+        return CRITICAL_WHEN["cpu platform"]() and importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# When a patch applies (its ``when``); "always" means every process that loads the plugin.
+ACTIVE_WHEN = {
+    "always": lambda: True,
+    **{k: v for k, v in CRITICAL_WHEN.items() if k != "grpo_plus"},
+    # Its patches act only when verl imports its vLLM rollout, i.e. with rollout.name=vllm.
+    "vllm on cpu": _vllm_on_cpu,
+}
+# ``trigger`` of a patch applied while the plugin loads rather than when verl imports its target.
+AT_PLUGIN_LOAD = "plugin load"
+
+
 class CriticalPatchMissing(SetupError):
     """A correctness-critical patch cannot be applied to the installed verl; the run must not start."""
 
@@ -61,11 +83,11 @@ class VerlPatch:
     why: str
     # The upstream change that would make the patch unnecessary, in one line.
     upstream: str
-    # "module:function" that applies the patch (imported only when the patch applies).
+    # The function that applies the patch, or its "module:function" (imported only when the patch applies).
     apply: str | Callable[[], None]
     # The module whose import applies the patch (default: the target's module).
     trigger: str = ""
-    # When it applies: "always", "cpu platform", "latency model" (benchmarks).
+    # When it applies: a key of ACTIVE_WHEN.
     when: str = "always"
     # Set for correctness-critical patches: the CRITICAL_WHEN condition under which the run must not start
     # without it, and what would silently go wrong.
@@ -79,6 +101,16 @@ class VerlPatch:
     @property
     def trigger_module(self) -> str:
         return self.trigger or self.target.split(":")[0]
+
+    @property
+    def apply_module(self) -> str:
+        """The module whose code applies the patch (what the layering test places)."""
+        return self.apply.split(":")[0] if isinstance(self.apply, str) else self.apply.__module__
+
+    @property
+    def active(self) -> bool:
+        """Whether the patch applies in this process (its ``when`` holds)."""
+        return ACTIVE_WHEN[self.when]()
 
     def target_source(self) -> str:
         return _source_of(self.target)
@@ -109,6 +141,19 @@ class VerlPatch:
             f"verl {found}, or pin the verl version this verl-pipe was built for (see `verl-pipe doctor`); to run "
             f"anyway, set {ALLOW_UNPATCHED_ENV}={self.name}."
         )
+
+
+@dataclass(frozen=True)
+class PatchGroup:
+    """Patches that serve one feature, with what they share (a heading and a note in docs/upstream.md)."""
+
+    title: str
+    note: str
+    patches: tuple[VerlPatch, ...]
+
+
+def flatten(groups: Iterable[PatchGroup]) -> tuple[VerlPatch, ...]:
+    return tuple(patch for group in groups for patch in group.patches)
 
 
 # --- reading verl's source without importing it ------------------------------------------------------------
@@ -251,3 +296,98 @@ def refuse_to_start(message: str) -> None:
     """End the process with one line: used where verl would swallow an exception (plugin loading)."""
     print(f"verl-pipe: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
+
+
+# --- the tables this process installed ---------------------------------------------------------------------
+
+# Every patch handed to :func:`install` in this process, by name: what the critical checks read.
+INSTALLED: dict[str, VerlPatch] = {}
+
+
+def install(patches: Iterable[VerlPatch]) -> None:
+    """Apply every active patch of a table: now for plugin-load ones, else as soon as verl imports its trigger."""
+    from verl_pipe.import_hooks import when_imported
+
+    patches = tuple(patches)
+    INSTALLED.update((patch.name, patch) for patch in patches)
+    apply_patches([p for p in patches if p.active and p.trigger == AT_PLUGIN_LOAD])
+    by_trigger: dict[str, list[VerlPatch]] = {}
+    for patch in patches:
+        if patch.active and patch.trigger != AT_PLUGIN_LOAD:
+            by_trigger.setdefault(patch.trigger_module, []).append(patch)
+    for module_name, waiting in by_trigger.items():
+        when_imported(module_name, lambda _module, waiting=tuple(waiting): apply_patches(waiting))
+
+
+def preflight(patches: Iterable[VerlPatch]) -> None:
+    """Stop a run at start-up if a critical patch its environment needs no longer matches verl (no imports)."""
+    patches = tuple(patches)
+    for condition, needed in CRITICAL_WHEN.items():
+        if needed():
+            missing = missing_critical(patches, condition)
+            if missing:
+                refuse_to_start(missing[0].missing_message())
+
+
+def _installed_for(condition: str) -> list[VerlPatch]:
+    needed = [patch for patch in INSTALLED.values() if patch.critical_when == condition]
+    if not needed:  # never vacuous: a process without the plugin's tables cannot vouch for its patches
+        raise CriticalPatchMissing(
+            f"no patch for {condition!r} is installed in this process, so verl-pipe cannot check the patches "
+            "it needs. Fix: import verl (which loads the verl-pipe plugin) before using it, and check that "
+            "`verl-pipe doctor` lists the patches."
+        )
+    return needed
+
+
+def require_patches(condition: str) -> None:
+    """Raise :class:`CriticalPatchMissing` if a critical patch that ``condition`` needs no longer matches."""
+    missing = missing_critical(_installed_for(condition), condition)
+    if missing:
+        raise CriticalPatchMissing(missing[0].missing_message())
+
+
+def refuse_if_skipped(condition: str) -> None:
+    """Backstop where the config is known: raise if this process skipped a critical patch ``condition`` needs."""
+    for patch in _installed_for(condition):
+        skipped = STATUS.get(patch.name, "").startswith("skipped")
+        if skipped and patch.name not in allowed_unpatched():
+            raise CriticalPatchMissing(patch.missing_message())
+
+
+def is_driver_of_a_verl_run() -> bool:
+    """True in the process a user started as ``python -m verl.trainer.<entrypoint>``.
+
+    verl loads the plugin while ``python -m`` imports the entrypoint's parent packages, before ``__main__`` is
+    the entrypoint, so the command line is read as well.
+    """
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:
+        return spec.name.startswith("verl.trainer.")
+    argv = list(getattr(sys, "orig_argv", []))
+    return any(arg == "-m" and nxt.startswith("verl.trainer.") for arg, nxt in zip(argv, argv[1:]))
+
+
+def patch_table(patches: Iterable[VerlPatch], import_triggers: bool = True) -> list[str]:
+    """One line per patch: when it applies, if it is critical, whether verl still matches it, what happened here.
+
+    With ``import_triggers`` the active patches' trigger modules are imported first (seconds), so "here" says
+    whether each one applied in this process rather than that it is waiting for its module.
+    """
+    patches = tuple(patches)
+    if import_triggers:
+        for patch in patches:
+            if patch.active and patch.trigger != AT_PLUGIN_LOAD:
+                try:
+                    importlib.import_module(patch.trigger_module)
+                except Exception as error:  # noqa: BLE001 - the table reports it instead
+                    STATUS.setdefault(patch.name, f"trigger module failed to import: {type(error).__name__}")
+    rows = [("patch", "applies", "critical when", "verl code", "here")]
+    for patch in patches:
+        here = STATUS.get(patch.name, f"waits for {patch.trigger_module}") if patch.active else (
+            f"not active (needs {patch.when})"
+        )
+        rows.append((patch.name, patch.when, patch.critical_when or "-", "matches" if patch.matches() else "CHANGED",
+                     here))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4] for row in rows]

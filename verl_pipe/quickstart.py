@@ -4,7 +4,9 @@ It builds the dataset (``--data``: the generated function problems by default, :
 folder, then runs the stock entrypoint ``python -m verl.trainer.main_ppo`` with the CPU-backend overrides in a
 child process, follows verl's own metric log while it trains (progress bar plus one line per step), writes
 ``metrics.jsonl``, prints the greedy validations (before the first step and after the last, with 95% intervals)
-and draws the curves to a PNG. Any hydra override given by the user is appended last, so it wins.
+and draws the curves to a PNG. Any hydra override given by the user is appended last, so it wins; an override of a
+key one of the quickstart's flags sets (the mode, the engine, the step count: :data:`FLAG_KEYS`) is refused,
+naming the flag, since the run is built around the flag's value.
 
 ``--mode`` picks the V1 trainer mode and sets everything it needs on the CPU backend (:data:`TRAINER_MODES`).
 """
@@ -20,7 +22,7 @@ from typing import Optional
 
 from verl_pipe.backends.cpu.overrides import ROLLOUT_ENGINES, CpuBackendConfig, cpu_backend_overrides
 from verl_pipe.compat import SetupError, check_verl_version
-from verl_pipe.trainer_modes import TRAINER_MODES, TrainerMode
+from verl_pipe.trainer_modes import MODE_PRESET_GROUP, TRAINER_MODES, TrainerMode
 
 
 ALGORITHMS = ("grpo_plus", "grpo")
@@ -60,26 +62,37 @@ GRPO_PLUS_PRESET = [PRESET_SEARCHPATH, "+verl_pipe=grpo_plus"]
 
 
 _MODE_KEY = "trainer.v1.trainer_mode"
-# +verl_pipe_trainer=<mode>: the preset that switches any verl command line to one of our modes (its YAML files).
-MODE_PRESET_GROUP = "verl_pipe_trainer"
 _ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
 
 
-def mode_presets() -> tuple[str, ...]:
-    """The modes that have a ``+verl_pipe_trainer=<mode>`` preset (verl_pipe/config/verl_pipe_trainer/*.yaml)."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", MODE_PRESET_GROUP)
-    return tuple(sorted(name[: -len(".yaml")] for name in os.listdir(folder) if name.endswith(".yaml")))
+# Hydra keys the quickstart sets from one of its flags and builds the run around (the mode's pools and weight sync,
+# the engine's server, the data for the steps): a user's override of one would leave the run built for another
+# value, so it is refused with the flag to use. Key (after any leading +) -> the flag.
+FLAG_KEYS = {
+    _MODE_KEY: "--mode",
+    MODE_PRESET_GROUP: "--mode",
+    _ROLLOUT_KEY: "--rollout",
+    "trainer.total_training_steps": "--steps",
+}
 
 
-def modes_named_in(overrides: list[str]) -> list[tuple[str, str, bool]]:
-    """Each trainer mode the hydra overrides choose, as (mode, the override that chooses it, whether it is the
-    preset): the mode key ``trainer.v1.trainer_mode=<mode>`` and the preset ``+verl_pipe_trainer=<mode>``."""
-    named = []
+def refuse_overrides_of_flags(overrides: list[str]) -> None:
+    """Raise SetupError, naming the flag, for an override of a key the quickstart sets from a flag."""
     for override in overrides:
         key, _, value = override.lstrip("+").partition("=")
-        if key in (_MODE_KEY, MODE_PRESET_GROUP):
-            named.append((value, override, key == MODE_PRESET_GROUP))
-    return named
+        flag = FLAG_KEYS.get(key)
+        if flag is None:
+            continue
+        hint = f"give {flag} {value}"
+        if flag == "--mode" and value not in TRAINER_MODES:
+            hint = (
+                f"--mode takes {', '.join(TRAINER_MODES)}; for another verl mode, run verl with the CPU overrides "
+                "(docs/cpu.md)"
+            )
+        raise SetupError(
+            f"the override {override} sets what {flag} sets in the quickstart, which builds the run around that "
+            f"flag: {hint} instead"
+        )
 
 
 @dataclass
@@ -88,9 +101,8 @@ class QuickstartConfig:
     model: str = "smollm2"
     # "v1" (verl's default V1 trainer) or "legacy" (trainer.use_v1=false, synchronous only).
     trainer: str = "v1"
-    # The V1 trainer mode, a key of TRAINER_MODES (--mode). None: the mode an override names (the mode key or the
-    # +verl_pipe_trainer preset), else sync.
-    mode: Optional[str] = None
+    # The V1 trainer mode, a key of TRAINER_MODES (--mode).
+    mode: str = "sync"
     # "grpo_plus" (DeepCoder's GRPO+, via the verl_pipe preset) or "grpo" (verl's own GRPO and vanilla loss).
     algorithm: str = "grpo_plus"
     # The training and validation problems, a key of DATASETS.
@@ -126,9 +138,8 @@ class QuickstartConfig:
     # Torch threads per actor; None: the cores shared out among the ranks that compute at once (a colocated
     # trainer and its sampler take turns, so one rank gets every core; separate pools split them).
     torch_threads: Optional[int] = None
+    # Hydra overrides for verl, after the quickstart's own (so they win); none may set a key a flag sets (FLAG_KEYS).
     overrides: list[str] = field(default_factory=list)
-    # How the mode was chosen, for error messages: "--mode <mode>", "the override <override>", or "" (the default).
-    mode_source: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
         defaults = DATASETS.get(self.data)  # an unknown name is validate()'s to report
@@ -137,23 +148,6 @@ class QuickstartConfig:
                 setattr(self, name, getattr(defaults, name))
         if self.validate_at_start is None:
             self.validate_at_start = self.validate_at_end and defaults is not None and defaults.validate_at_start
-        if self.mode is not None:
-            self.mode_source = f"--mode {self.mode}"
-        else:
-            # A mode given as an override (ARGS="trainer.v1.trainer_mode=one_off_pipeline" or the preset
-            # "+verl_pipe_trainer=one_off_pipeline") is the mode, so its pools and weight sync are set up as with
-            # --mode; validate() refuses overrides that disagree with it or with each other. (A mode outside the
-            # table, e.g. verl's colocate_async, passes through to verl with colocated pools.)
-            named = [(mode, override) for mode, override, _ in modes_named_in(self.overrides) if mode in TRAINER_MODES]
-            self.mode, self.mode_source = (named[0][0], f"the override {named[0][1]}") if named else ("sync", "")
-        for override in self.overrides:
-            key, _, value = override.lstrip("+").partition("=")
-            # A hydra override of the step count (make demo ARGS="trainer.total_training_steps=5") is the step count.
-            if key == "trainer.total_training_steps" and value.isdigit():
-                self.steps = int(value)
-            # And the engine: ARGS="actor_rollout_ref.rollout.name=vllm" is --rollout vllm (eager mode included).
-            if key == _ROLLOUT_KEY and value in ROLLOUT_ENGINES and self.rollout == "hf":
-                self.rollout = value
 
     def cpu_backend(self) -> CpuBackendConfig:
         ranks, sampler_ranks = self.ranks, self.separate_sampler_ranks
@@ -211,25 +205,7 @@ class QuickstartConfig:
                 f"--mode {self.mode} runs on verl's V1 trainer only; the legacy trainer (--trainer legacy) has just "
                 "its synchronous loop: drop --trainer legacy, or use --mode sync"
             )
-        presets = mode_presets()
-        for value, override, is_preset in modes_named_in(self.overrides):
-            if is_preset and value not in presets:
-                raise SetupError(
-                    f"{override}: there is no such preset; +{MODE_PRESET_GROUP}= takes {', '.join(presets)} "
-                    f"(verl's own modes: --mode {' / '.join(m for m in TRAINER_MODES if m not in presets)})"
-                )
-            # (with the default mode, an override outside the table, e.g. verl's colocate_async, passes through)
-            if value != self.mode and self.mode_source:
-                raise SetupError(
-                    f"{self.mode_source} and the override {override} disagree: give the mode once, as --mode"
-                )
-        for override in self.overrides:
-            key, _, value = override.lstrip("+").partition("=")
-            if key == _ROLLOUT_KEY and value != self.rollout and (value in ROLLOUT_ENGINES or self.rollout != "hf"):
-                raise SetupError(
-                    f"--rollout {self.rollout} and the override {override} disagree: give the engine once, as "
-                    f"--rollout ({', '.join(ROLLOUT_ENGINES)})"
-                )
+        refuse_overrides_of_flags(self.overrides)
         if self.sampler_ranks is not None:
             if not self.trainer_mode.separate_pools:
                 raise SetupError(
@@ -300,8 +276,7 @@ def training_overrides(
     cfg: QuickstartConfig, model_path: str, train_file: str, val_file: str, run_dir: str
 ) -> list[str]:
     """The full override list: the algorithm, the embedded data, the CPU backend, then the user's own overrides."""
-    # The search path always: a +verl_pipe_trainer preset among the user's overrides is then found with grpo too
-    # (without it hydra would add a plain key of that name, and the run would train in its default mode).
+    # The search path always, so a user's override may name any of verl-pipe's presets with grpo too.
     grpo = [PRESET_SEARCHPATH, "algorithm.adv_estimator=grpo"]
     algorithm = GRPO_PLUS_PRESET if cfg.algorithm == "grpo_plus" else grpo
     return [

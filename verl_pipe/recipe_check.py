@@ -452,12 +452,12 @@ def dry_run(overrides: list[str], ctx: RecipeContext) -> RecipeSummary:
     return validate(compose_config(overrides), ctx)
 
 
-def quickstart_overrides(model: str, steps: int, ranks: int, extra: list[str]) -> list[str]:
+def quickstart_overrides(model: str, steps: int, ranks: int, extra: list[str], mode: str = "sync") -> list[str]:
     """The list ``verl-pipe quickstart`` hands verl, with the paths of the model and data it would build first."""
     from verl_pipe.compat import SetupError
     from verl_pipe.quickstart import QuickstartConfig, training_overrides
 
-    cfg = QuickstartConfig(model=model, steps=steps, ranks=ranks, overrides=list(extra))
+    cfg = QuickstartConfig(model=model, steps=steps, ranks=ranks, mode=mode, overrides=list(extra))
     try:
         cfg.validate()
     except SetupError as error:
@@ -527,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("--model", default="smollm2")
     quick.add_argument("--steps", type=int, default=3)
     quick.add_argument("--ranks", type=int, default=1)
+    quick.add_argument("--mode", default="sync", help="the quickstart's --mode")
     quick.add_argument("overrides", nargs="*")
     return parser
 
@@ -549,7 +550,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
             overrides = args.overrides
             if args.command == "dry-run-quickstart":
-                overrides = quickstart_overrides(args.model, args.steps, args.ranks, args.overrides)
+                overrides = quickstart_overrides(args.model, args.steps, args.ranks, args.overrides, args.mode)
             summary = dry_run(overrides, ctx)
     except RecipeConfigError as error:
         print(captured.getvalue() if args.verbose else "", end="", file=sys.stderr)

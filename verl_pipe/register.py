@@ -15,27 +15,29 @@ What it registers:
     the ``gloo`` checkpoint engine that syncs separate pools without a GPU;
   * with ``VERL_PLATFORM=cpu``: verl's FSDP2 engines for device ``cpu``;
   * every runtime patch of verl that applies here, from :mod:`verl_pipe.patch_registry` (the CPU ones only with
-    ``VERL_PLATFORM=cpu``, the latency model's only with ``VERL_PIPE_LATENCY_MODEL`` set).
+    ``VERL_PLATFORM=cpu``), and the benchmark's latency-model patches only with ``VERL_PIPE_LATENCY_MODEL`` set.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 
 from verl_pipe.compat import SetupError, check_verl_version, install_one_line_excepthook
-from verl_pipe.patching import STATUS, CriticalPatchMissing, fired, refuse_to_start
+from verl_pipe.patching import (
+    CRITICAL_WHEN,
+    STATUS,
+    CriticalPatchMissing,
+    VerlPatch,
+    install,
+    is_driver_of_a_verl_run,
+    preflight,
+    refuse_to_start,
+)
 
 logger = logging.getLogger("verl_pipe")
 
 REGISTERED: dict[str, list[str]] = {}
 _DONE = False
-
-_NO_ACCELERATOR_HINT = (
-    "no GPU or NPU found and VERL_PLATFORM is not set: set VERL_PLATFORM=cpu to run verl on the CPU backend of "
-    "verl-pipe (with trainer.device=cpu), or run on a machine with an accelerator."
-)
 
 
 def _register_rollout() -> None:
@@ -62,40 +64,15 @@ def _register_rollout() -> None:
         REGISTERED["rollout"].append("vllm@cpu")
 
 
-def _add_hf_server_adapter() -> None:
-    """Patch ``hf_rollout_server_adapter``: verl's worker-side adapter table has no public register function."""
-    from verl.workers.rollout import base as rollout_base
+def _patches_for_this_process() -> tuple[VerlPatch, ...]:
+    """The product's table, plus the benchmark's own patches where its latency model is on."""
+    from verl_pipe.patch_registry import PATCHES
 
-    rollout_base._ROLLOUT_REGISTRY[("hf", "async")] = "verl_pipe.backends.cpu.hf_replica.HFServerAdapter"
+    if not CRITICAL_WHEN["latency model"]():
+        return PATCHES
+    from verl_pipe.bench.latency_hooks import LATENCY_MODEL_PATCHES
 
-
-def _guard_silent_nvidia_fallback() -> None:
-    """Patch ``no_silent_nvidia_fallback``: verl's silent fallback to CUDA on a GPU-less machine becomes a clear
-    message naming VERL_PLATFORM."""
-    from verl.plugin.platform import platform_manager
-
-    original = platform_manager._detect_platform_name
-    if getattr(original, "__verl_pipe__", False):
-        return
-
-    def _detect_platform_name() -> str:
-        name = original()
-        if name != "nvidia" or os.environ.get("VERL_PLATFORM"):
-            return name
-        import torch
-
-        if torch.cuda.is_available() or platform_manager.PlatformRegistry.get("nvidia")().is_platform_available(True):
-            return name
-        fired("no_silent_nvidia_fallback")
-        main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        if main_spec is not None and main_spec.name.startswith("verl."):
-            raise SetupError(_NO_ACCELERATOR_HINT)  # a verl trainer would die later inside NCCL; stop here
-        logger.warning("verl-pipe: %s", _NO_ACCELERATOR_HINT)
-        return name
-
-    _detect_platform_name.__verl_pipe__ = True  # type: ignore[attr-defined]
-    _detect_platform_name.__wrapped__ = original  # type: ignore[attr-defined]
-    platform_manager._detect_platform_name = _detect_platform_name
+    return PATCHES + LATENCY_MODEL_PATCHES
 
 
 def _register_cpu_backend() -> None:
@@ -144,9 +121,7 @@ def register() -> None:
         REGISTERED.setdefault("checkpoint_engines", []).append("gloo")
 
     def _install_patches() -> None:
-        from verl_pipe.patch_registry import install
-
-        install()
+        install(patches)
         REGISTERED["patches"] = [name for name, status in STATUS.items() if status == "applied"]
 
     steps = [
@@ -159,12 +134,11 @@ def register() -> None:
     if selected():
         steps.append(("cpu backend", _register_cpu_backend))
     steps.append(("verl patches", _install_patches))
+    patches = _patches_for_this_process()
     # The driver of a verl run checks every correctness-critical patch its environment needs before anything
     # starts, and ends with one line if verl's code moved under one (SystemExit: verl would swallow an error).
-    from verl_pipe.patch_registry import is_driver_of_a_verl_run, preflight
-
     if is_driver_of_a_verl_run():
-        preflight()
+        preflight(patches)
     for what, step in steps:
         try:
             step()

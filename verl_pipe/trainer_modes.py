@@ -7,8 +7,12 @@ Everything that lists modes reads it: the trainers' registration (the modules to
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
+
+# +verl_pipe_trainer=<mode>: the hydra preset that switches any verl command line to one of the plugin's modes.
+MODE_PRESET_GROUP = "verl_pipe_trainer"
 
 
 @dataclass(frozen=True)
@@ -71,3 +75,9 @@ TRAINER_MODES: dict[str, TrainerMode] = {
 def plugin_modes() -> tuple[str, ...]:
     """The modes the plugin registers with verl, in the table's order."""
     return tuple(name for name, mode in TRAINER_MODES.items() if mode.from_plugin)
+
+
+def preset_modes() -> tuple[str, ...]:
+    """The modes that ship a ``+verl_pipe_trainer=<mode>`` preset (verl_pipe/config/verl_pipe_trainer/*.yaml)."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", MODE_PRESET_GROUP)
+    return tuple(sorted(name[: -len(".yaml")] for name in os.listdir(folder) if name.endswith(".yaml")))

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from verl_pipe.backends.cpu import vllm_distribution as vd
-from verl_pipe.patch_registry import ACTIVE_WHEN, BY_NAME
+from verl_pipe.patch_registry import BY_NAME
+from verl_pipe.patching import ACTIVE_WHEN
 
 
 def _missing(name):

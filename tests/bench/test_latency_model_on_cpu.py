@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from verl_pipe.bench.latency import LATENCY_MODEL_ENV, LatencyModel, LatencyModelError, active_model
-from verl_pipe.patch_registry import PATCHES
+from verl_pipe.bench.latency_hooks import LATENCY_MODEL_PATCHES
 from verl_pipe.bench.replica_model import batch_generation_s
 
 
@@ -59,10 +59,23 @@ def test_a_clusters_model_travels_as_json():
 
 
 def test_trainer_side_patches_still_match_verl():
-    patches = [patch for patch in PATCHES if patch.when == "latency model"]
-    assert len(patches) == 8 and all(patch.critical for patch in patches)
+    patches = LATENCY_MODEL_PATCHES
+    assert len(patches) == 8 and all(p.critical_when == p.when == "latency model" for p in patches)
     for patch in patches:
         assert patch.matches(), patch.name
+
+
+def test_the_benchmarks_patches_are_installed_only_with_its_model_on(monkeypatch):
+    """What the plugin installs in a process: the product's table, and the benchmark's patches only with its model
+    switched on in the environment (as every process of a benchmark run has it)."""
+    from verl_pipe.patch_registry import PATCHES
+    from verl_pipe.register import _patches_for_this_process
+
+    monkeypatch.delenv(LATENCY_MODEL_ENV, raising=False)
+    assert _patches_for_this_process() == PATCHES
+    assert not any(p.when == "latency model" for p in PATCHES)  # the product's table holds none of them
+    monkeypatch.setenv(LATENCY_MODEL_ENV, LatencyModel().to_json())
+    assert _patches_for_this_process() == PATCHES + LATENCY_MODEL_PATCHES
 
 
 def test_verls_partial_rollout_pause_is_scaled_with_the_model(monkeypatch):

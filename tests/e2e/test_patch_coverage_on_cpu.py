@@ -14,6 +14,7 @@ import os
 
 import pytest
 
+from verl_pipe.bench.latency_hooks import LATENCY_MODEL_PATCHES
 from verl_pipe.patch_registry import PATCHES
 
 # The files whose runs, together, exercise every patch.
@@ -54,8 +55,9 @@ def test_every_patch_applies_and_runs_in_the_end_to_end_runs(request):
     if request.session.testsfailed:
         pytest.skip("an earlier run failed; its patches may not have run")
     events = _ledger()
-    names = {patch.name for patch in PATCHES if patch.when in SUITE_CONDITIONS}
-    registered = {patch.name for patch in PATCHES}
+    declared = PATCHES + LATENCY_MODEL_PATCHES
+    names = {patch.name for patch in declared if patch.when in SUITE_CONDITIONS}
+    registered = {patch.name for patch in declared}
     skipped = events.get("skipped", set()) & registered  # unit tests skip made-up stale patches on purpose
     assert not skipped, f"registered patches skipped in a run (verl's code no longer matches): {skipped}"
     never_applied = names - events.get("applied", set())

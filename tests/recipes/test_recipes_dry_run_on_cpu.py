@@ -65,8 +65,6 @@ HEAVY = {
                               bare=True),
     "quickstart_preset": Run("quickstart_cpu.sh", {"DRY_RUN": "json", "MODEL": "tiny"},
                              ("+verl_pipe_trainer=in_flight_pipeline",)),
-    "quickstart_mode_and_preset": Run("quickstart_cpu.sh", {"DRY_RUN": "json", "MODEL": "tiny", "MODE": "sync"},
-                                      ("+verl_pipe_trainer=in_flight_pipeline",)),
     "14b_in_flight": Run("deepcoder_14b.sh", {"DRY_RUN": "json", "TRAINER_MODE": "in_flight_pipeline"}),
     "scaler_stage1": Run("deepscaler_1.5b.sh", {"DRY_RUN": "json"}),
     "scaler_stage2_sync": Run("deepscaler_1.5b.sh", {"DRY_RUN": "json", "STAGE": "2", "STAGE1_CKPT": "/c/s1",
@@ -168,15 +166,13 @@ def test_quickstart_recipe_mode_sets_separate_pools_without_venv_on_path(dry_run
     assert not s["layout"]["hybrid_engine"] and (s["layout"]["trainer_gpus"], s["layout"]["sampler_gpus"]) == (1, 1)
 
 
-def test_quickstart_recipe_takes_the_mode_from_a_preset_unless_mode_says_otherwise(dry_runs):
-    """Without MODE, the +verl_pipe_trainer preset among the arguments is the mode (it once ran sync: the recipe
-    passed MODE's default, sync, after it); MODE and a preset that disagree are refused, naming both."""
-    s = _json(dry_runs, "quickstart_preset")
-    assert (s["trainer_mode"], s["weight_sync"], s["layout"]["hybrid_engine"]) == ("in_flight_pipeline", "gloo", False)
-    refused = dry_runs["quickstart_mode_and_preset"].result()
+def test_quickstart_recipe_refuses_a_mode_preset_naming_the_flag(dry_runs):
+    """A +verl_pipe_trainer preset among the quickstart's arguments once ran sync silently (the recipe passed MODE's
+    default after it); the mode is MODE (--mode), and the preset is refused, naming it."""
+    refused = dry_runs["quickstart_preset"].result()
     assert refused.returncode == 2, refused.stdout[-2000:]
-    assert ("the override trainer.v1.trainer_mode=sync and the override +verl_pipe_trainer=in_flight_pipeline "
-            "disagree") in refused.stderr, refused.stderr[-2000:]  # fmt: skip
+    assert "+verl_pipe_trainer=in_flight_pipeline sets what --mode sets" in refused.stderr, refused.stderr[-2000:]
+    assert "give --mode in_flight_pipeline instead" in refused.stderr
 
 
 def test_gpu_recipes_run_in_flight_pipeline_on_separate_pools(dry_runs):

@@ -113,7 +113,7 @@ def validate_actor_for_grpo_plus(actor: Any) -> None:
     Also refuses to start (:class:`~verl_pipe.patching.CriticalPatchMissing`) when a patch GRPO+ needs to train
     what it says no longer matches the installed verl.
     """
-    from verl_pipe.patch_registry import require_patches
+    from verl_pipe.patching import require_patches
 
     require_patches("grpo_plus")
     mode = actor.get("loss_agg_mode", "token-mean")

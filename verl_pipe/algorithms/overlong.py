@@ -2,7 +2,7 @@
 
 A response that hit the length limit without emitting EOS is cut, not finished; its reward says nothing about
 the policy's answer. GRPO+ removes such responses from the policy loss entirely. The original implementation
-zeroed their advantage instead, which left their tokens in the ``token-mean`` denominator (reference §2).
+zeroed their advantage instead, which left their tokens in the ``token-mean`` denominator (rllm's ``core_algos.py``).
 
 verl counts the global number of loss tokens from the batch's ``loss_mask`` before any loss runs
 (``FSDPEngine.forward_backward_batch``), and the policy loss averages over ``response_mask``. So the mask is

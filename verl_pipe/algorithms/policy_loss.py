@@ -30,7 +30,7 @@ import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 
 from verl_pipe.algorithms.config import GRPO_PLUS, GRPOPlusLossSettings
-from verl_pipe.patch_registry import refuse_if_skipped
+from verl_pipe.patching import refuse_if_skipped
 
 logger = logging.getLogger("verl_pipe")
 

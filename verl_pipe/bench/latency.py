@@ -78,8 +78,9 @@ class LatencyModel:
     prompt_tokens: int = 1000
     prefill_tokens_per_s: float = 28000.0
     # Response lengths: log-normal with this median and log-space sigma, capped. Defaults follow DeepCoder's
-    # stage-1 training (16K cap; average response length ~8K early in training, thesis fig. 4.4); with
-    # sigma 0.6 about 8% of responses hit the cap, so nearly every batch of 32 has a straggler at the limit.
+    # stage-1 training (16K cap; average response length ~8K early in training: the DeepCoder / rLLM thesis,
+    # fig. 4.4); with sigma 0.6 about 8% of responses hit the cap, so nearly every batch of 32 has a straggler at
+    # the limit.
     median_response_tokens: int = 7000
     response_sigma: float = 0.6
     max_response_tokens: int = 16384

@@ -1,7 +1,7 @@
 """The trainer-side half of the latency model (:mod:`verl_pipe.bench.latency`): updates, syncs, the step clock.
 
-The rollout server pads generation itself; these version-guarded patches (declared in
-:mod:`verl_pipe.patch_registry`, ``when="latency model"``) pad what the driver waits for,
+The rollout server pads generation itself; these version-guarded patches (declared at the end of this module,
+``when="latency model"``) pad what the driver waits for,
 in every V1 trainer mode alike (verl's ``sync`` and ``separate_async`` as well as ours), so a benchmark compares
 schedules, not implementations:
 
@@ -42,7 +42,7 @@ import types
 from typing import Any, Optional
 
 from verl_pipe.bench.latency import LatencyModel, active_model
-from verl_pipe.patching import fired, is_patched, mark_patched
+from verl_pipe.patching import PatchGroup, VerlPatch, fired, is_patched, mark_patched
 from verl_pipe.trainers.token_lag import MODELLED_RUNS_KEY, sample_versions, token_lag_metrics
 
 _TRAINER = "verl.trainer.ppo.v1.trainer_base"
@@ -343,3 +343,105 @@ def _patch_keep_modelled_length() -> None:
 
     base.generate = generate_piece
     full.generate = generate
+
+
+LATENCY_MODEL = PatchGroup(
+    title="The benchmark's latency model (`make bench` only; critical there)",
+    note="These pad verl's trainer to the times of a modelled cluster, so a benchmark compares schedules, not "
+    "implementations. They are declared here, not in the product's table, and installed only in a process whose "
+    "environment switches the model on (`VERL_PIPE_LATENCY_MODEL`). They are instrumentation, not fixes: "
+    "upstream, a timing-hook interface on the trainer would replace them.",
+    patches=(
+        VerlPatch(
+            name="latency_model_update_time",
+            target=f"{_TRAINER}:PPOTrainer._update_actor",
+            fingerprint="self.actor_rollout_wg.update_actor(batch)",
+            why="benchmark only: verl has no hook to model the update's duration",
+            upstream="none needed (benchmark instrumentation)",
+            apply=_patch_update_actor,
+            when="latency model",
+            critical_when="latency model",
+            consequence="the benchmark would time updates at CPU speed, not the modelled cluster's",
+        ),
+        VerlPatch(
+            name="latency_model_update_window",
+            target=f"{_TRAINER}:PPOTrainer._balance_batch",
+            fingerprint="upsample_batch_to_divisible_size(batch, batch_multiple",
+            why="benchmark only: verl has no hook where a batch leaves the sampler, where the modelled update starts",
+            upstream="none needed (benchmark instrumentation)",
+            apply=_patch_balance_batch,
+            when="latency model",
+            critical_when="latency model",
+            consequence="the benchmark would start each modelled update late, after the real log-prob passes",
+        ),
+        VerlPatch(
+            name="latency_model_replay_buffer_poll",
+            target=f"{_TRAINER}:PPOTrainer._build_replay_buffer",
+            fingerprint="return sampler_cls(**replay_buffer_kwargs)",
+            why="benchmark only: verl's replay buffer poll interval (2 s) is not configurable",
+            upstream="a configurable replay-buffer poll interval",
+            apply=_patch_replay_buffer_poll,
+            when="latency model",
+            critical_when="latency model",
+            consequence="the benchmark would add verl's unscaled 2 s polls to modelled times",
+        ),
+        VerlPatch(
+            name="latency_model_step_clock",
+            target=f"{_TRAINER}:PPOTrainer._compute_metrics",
+            fingerprint='metrics.update({"training/global_step": global_steps',
+            why="benchmark only: verl logs no wall-clock time per step",
+            upstream="a wall-clock timestamp in each step's metrics",
+            apply=_patch_step_clock,
+            when="latency model",
+            critical_when="latency model",
+            consequence="the benchmark could not measure step periods",
+        ),
+        VerlPatch(
+            name="latency_model_sync_time",
+            target=f"{_CHECKPOINT}:CheckpointEngineManager.update_weights",
+            fingerprint="self.build_process_group(rollout)",
+            why="benchmark only: verl has no hook to model the weight sync's duration",
+            upstream="none needed (benchmark instrumentation)",
+            apply=_patch_update_weights,
+            when="latency model",
+            critical_when="latency model",
+            consequence="the benchmark would time weight syncs at CPU speed, not the modelled cluster's",
+        ),
+        VerlPatch(
+            name="latency_model_sync_holds_the_gate",
+            target=f"{_CHECKPOINT}:CheckpointEngineManager.resume_generation_replicas",
+            fingerprint="r.resume_generation() for r in self.replicas",
+            why="benchmark only: verl's sync opens the rollout servers' gate right after its transfer, which takes "
+            "milliseconds on CPU; the modelled transfer must hold the gate as the real one would",
+            upstream="none needed (benchmark instrumentation)",
+            apply=_patch_resume_generation,
+            when="latency model",
+            critical_when="latency model",
+            consequence="requests a sync aborts (verl's separate_async) would decode through the modelled transfer",
+        ),
+        VerlPatch(
+            name="latency_model_partial_rollout_pause",
+            target="verl.workers.rollout.llm_server:FullyAsyncLLMServerClient.generate",
+            fingerprint="await asyncio.sleep(1)",
+            why="benchmark only: verl waits a fixed 1 s before it resubmits a request that a weight sync aborted",
+            upstream="none needed (benchmark instrumentation); a configurable retry pause would make it go",
+            apply=_patch_partial_rollout_pause,
+            when="latency model",
+            critical_when="latency model",
+            consequence="every request a sync aborts would wait a quarter of a compressed batch before it resumed",
+        ),
+        VerlPatch(
+            name="latency_model_keeps_modelled_length",
+            target="verl.workers.rollout.llm_server:FullyAsyncLLMServerClient.generate",
+            fingerprint='final_output.extra_fields["max_global_steps"] = max_global_steps',
+            why="benchmark only: verl's partial-rollout client rebuilds each answer's extra fields from its version "
+            "tags, dropping the modelled length the rollout server reported",
+            upstream="carry the server's extra fields over into the merged answer (useful beyond the benchmark)",
+            apply=_patch_keep_modelled_length,
+            when="latency model",
+            critical_when="latency model",
+            consequence="the separate-pool schedules' updates would be timed on the median length, not the real draws",
+        ),
+    ),
+)
+LATENCY_MODEL_PATCHES: tuple[VerlPatch, ...] = LATENCY_MODEL.patches

@@ -298,7 +298,7 @@ def check_recorded(run: SeedRun, cfg: LearnBenchConfig) -> None:
 def run_learn_bench(cfg: LearnBenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Price the steps, then train every (seed, mode) pair, seed by seed so that a cut-short bench still holds
     complete pairs; runs already recorded in ``out_dir`` are kept. Returns the analysed result."""
-    from verl_pipe.bench.jobs import local_ray_head
+    from verl_pipe.local_jobs import local_ray_head
 
     cfg.validate()
     out_dir = os.path.abspath(cfg.out_dir or os.path.join("runs", time.strftime("bench-learn-%Y%m%d-%H%M%S")))

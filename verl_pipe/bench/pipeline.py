@@ -474,7 +474,7 @@ def prepare_profile(name: str, cfg: BenchConfig, progress=print) -> ProfilePlan:
 def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
     """Every (block, profile, schedule) run on one private Ray cluster through one warm verl driver; returns the
     JSON-ready report."""
-    from verl_pipe.bench.jobs import local_ray_head
+    from verl_pipe.local_jobs import local_ray_head
     from verl_pipe.bench.warm_driver import WarmDriver
     from verl_pipe.models import build_tiny_qwen2
 

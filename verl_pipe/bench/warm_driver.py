@@ -62,9 +62,9 @@ class WarmDriver:
 
     def run(self, overrides: list[str], run_dir: str, timeout: int = 600,
             extra_env: dict[str, str] | None = None) -> tuple[int, list[dict], str]:  # fmt: skip
-        """Like :func:`verl_pipe.bench.jobs.run_verl_job`: (exit code, verl's per-step records, log path); 124 when
+        """Like :func:`verl_pipe.local_jobs.run_verl_job`: (exit code, verl's per-step records, log path); 124 when
         the job outlived ``timeout`` (the child is then killed and the next job gets a fresh one)."""
-        from verl_pipe.bench.jobs import job_env, read_steps
+        from verl_pipe.local_jobs import job_env, read_steps
 
         os.makedirs(run_dir, exist_ok=True)
         if self._child is None or self._child.poll() is not None:

@@ -1,7 +1,8 @@
-"""The code of the few patches verl 0.9.x needs to run its real dataflow on the CPU platform.
+"""The code of the few patches verl 0.9.x needs to run its real dataflow on the CPU platform, and the one that
+makes the plugin's ``hf`` rollout server reachable from verl's rollout workers.
 
-Each is declared, fingerprinted and explained in :mod:`verl_pipe.patch_registry` (``when="cpu platform"``): they
-apply only when ``VERL_PLATFORM=cpu`` and only on a supported verl version; on GPU nothing here runs.
+Each is declared, fingerprinted and explained in :mod:`verl_pipe.patch_registry`. The CPU ones apply only when
+``VERL_PLATFORM=cpu`` and only on a supported verl version; on GPU they do not run.
 """
 
 from __future__ import annotations
@@ -143,3 +144,13 @@ def _patch_valuehead_attention() -> None:
             return original(local_path, torch_dtype, model_config, trust_remote_code)
 
     model_utils.load_valuehead_model = load_valuehead_model
+
+
+# --- The hf rollout server's worker-side adapter -------------------------------------------------------------
+
+
+def _add_hf_server_adapter() -> None:
+    """Patch ``hf_rollout_server_adapter``: verl's worker-side adapter table has no public register function."""
+    from verl.workers.rollout import base as rollout_base
+
+    rollout_base._ROLLOUT_REGISTRY[("hf", "async")] = "verl_pipe.backends.cpu.hf_replica.HFServerAdapter"

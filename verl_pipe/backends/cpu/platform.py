@@ -9,12 +9,19 @@ It is never auto-detected: a GPU cluster must not end up on it by accident.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
 import types
 from typing import Any, Optional
 
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
+
+from verl_pipe.compat import SetupError
+from verl_pipe.patching import fired, is_patched, mark_patched
+
+logger = logging.getLogger("verl_pipe")
 
 PLATFORM_NAME = "cpu"
 
@@ -162,3 +169,35 @@ def register_platform() -> None:
     from verl.plugin.platform.platform_manager import PlatformRegistry
 
     PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
+
+
+_NO_ACCELERATOR_HINT = (
+    "no GPU or NPU found and VERL_PLATFORM is not set: set VERL_PLATFORM=cpu to run verl on the CPU backend of "
+    "verl-pipe (with trainer.device=cpu), or run on a machine with an accelerator."
+)
+
+
+def _guard_silent_nvidia_fallback() -> None:
+    """Patch ``no_silent_nvidia_fallback``: verl's silent fallback to CUDA on a GPU-less machine becomes a clear
+    message naming VERL_PLATFORM."""
+    from verl.plugin.platform import platform_manager
+
+    original = platform_manager._detect_platform_name
+    if is_patched(original):
+        return
+
+    @mark_patched(original)
+    def _detect_platform_name() -> str:
+        name = original()
+        if name != "nvidia" or os.environ.get("VERL_PLATFORM"):
+            return name
+        if torch.cuda.is_available() or platform_manager.PlatformRegistry.get("nvidia")().is_platform_available(True):
+            return name
+        fired("no_silent_nvidia_fallback")
+        main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if main_spec is not None and main_spec.name.startswith("verl."):
+            raise SetupError(_NO_ACCELERATOR_HINT)  # a verl trainer would die later inside NCCL; stop here
+        logger.warning("verl-pipe: %s", _NO_ACCELERATOR_HINT)
+        return name
+
+    platform_manager._detect_platform_name = _detect_platform_name

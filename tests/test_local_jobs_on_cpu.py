@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e  # starts Ray heads of its own
 _HOLD_A_HEAD = """
 import sys, tempfile, time
 tempfile.tempdir = sys.argv[1]  # the head's temp dir, so the test can find every process it started
-from verl_pipe.bench.jobs import local_ray_head
+from verl_pipe.local_jobs import local_ray_head
 with local_ray_head(num_cpus=2) as address:
     if sys.argv[2] == "default":  # the control: SIGTERM's default action, as before sigterm_unwinds
         import signal
