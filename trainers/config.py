@@ -53,6 +53,10 @@ class PipelineConfig:
     # trainer a sync. None: on for the hf rollout, whose server receives the weights beside decoding; off for vLLM,
     # whose weight RPC holds the engine for the whole transfer (each load would stall the sampler).
     load_every_update: Optional[bool] = None
+    # Stop the run, with a diagnosis, when the trainer has waited this many seconds for samples without the sampler
+    # getting anywhere (no group submitted, started or finished, no sample finished: trainers/stall_watch.py). It
+    # must exceed the longest single generation a replica can take. None: wait forever (verl's behaviour).
+    stall_timeout_s: Optional[float] = 1800.0
 
     @classmethod
     def from_section(cls, mode: str, section: Any) -> "PipelineConfig":
@@ -74,6 +78,12 @@ class PipelineConfig:
             raise PipelineConfigError(
                 f"trainer.v1.{mode}.max_staleness must be a whole number >= 0 (or null to keep every sample), "
                 f"got {cfg.max_staleness!r}"
+            )
+        stall = cfg.stall_timeout_s
+        if stall is not None and (isinstance(stall, bool) or not isinstance(stall, (int, float)) or not stall > 0):
+            raise PipelineConfigError(
+                f"trainer.v1.{mode}.stall_timeout_s must be a number of seconds > 0 (or null to wait forever), "
+                f"got {stall!r}"
             )
         if cfg.load_every_update is not None and not isinstance(cfg.load_every_update, bool):
             raise PipelineConfigError(

@@ -41,6 +41,17 @@ from verl_pipe.trainers.timeline_recorder import TimelineRecorder
 from verl_pipe.trainers.token_lag import version_number
 
 
+def ping(actor, timeout_s: float = 5.0) -> str:
+    """Whether a Ray actor answers: alive, alive but not answering, or dead."""
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+        return "its server answers (its engine, not the server, is stuck)"
+    except ray.exceptions.GetTimeoutError:
+        return f"its server does not answer within {timeout_s:.0f} s"
+    except ray.exceptions.RayActorError as error:
+        return f"its server is dead ({type(error).__name__})"
+
+
 class PipelinedTrainer(PPOTrainerSeparateAsync):
     """Base of ``minibatch_pipeline`` and ``one_off_pipeline``; subclasses set ``MODE`` and the schedule."""
 
@@ -82,6 +93,20 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         check_layout(self.MODE, self.pipeline_cfg, config)
 
     # --- sample filters ------------------------------------------------------------------------------------------
+
+    def _build_replay_buffer(self):
+        buffer = super()._build_replay_buffer()
+        buffer.describe_sampler = self._describe_sampler  # what the stall watch reports of the replicas
+        return buffer
+
+    def _describe_sampler(self) -> str:
+        """How each rollout replica's servers answer now (the stall watch's diagnosis)."""
+        answers = [
+            f"replica {replica.replica_rank}: {ping(server)}"
+            for replica in self.standalone_server_manager.get_replicas()
+            for server in replica.servers
+        ]
+        return "; ".join(answers) or "none registered"
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         # verl's step balances each batch as it leaves the replay buffer, before any log-prob: filtering here

@@ -8,9 +8,11 @@ this module among them would be circular.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Callable, Optional
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl_pipe.trainers.config import PipelineConfig
+from verl_pipe.trainers.stall_watch import StallWatch
 
 
 class PipelineReplayBuffer(ReplayBufferAsync):
@@ -25,13 +27,20 @@ class PipelineReplayBuffer(ReplayBufferAsync):
       finished before it rather than the other way round.
     * ``on_poll`` (set by a trainer) runs between polls while the trainer waits for samples, on the snapshot
       just read: one-off pipelining syncs the sampler there as soon as the batch in flight has generated.
+    * A stall watch (:mod:`.stall_watch`): a wait in which TransferQueue does not change for
+      ``trainer.v1.<mode>.stall_timeout_s`` raises, naming what it waited for and what the sampler holds;
+      ``describe_sampler`` (set by a trainer) adds how each rollout replica answers.
     """
 
     on_poll = None  # callable(partition_id) -> None
+    describe_sampler: Optional[Callable[[], str]] = None
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.poll_interval = PipelineConfig.from_section(self.trainer_mode, self.trainer_config).poll_interval_s
+        cfg = PipelineConfig.from_section(self.trainer_mode, self.trainer_config)
+        self.poll_interval = cfg.poll_interval_s
+        self._stall_watch = StallWatch(cfg.stall_timeout_s)
+        self._waiting_for: tuple[int, int] = (0, 0)  # (step, groups) of the current wait, for the diagnosis
 
     def _oldest_batch(self, partition_id, keys):
         steps = self.prompt_global_steps[partition_id]
@@ -44,10 +53,46 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         oldest = self._oldest_batch(partition_id, sampleable_keys)
         return super()._has_enough_samples(global_steps, partition_id, batch_size, oldest)
 
+    def wait_for_sampleable(self, global_steps, partition_id, target_count):
+        self._stall_watch.start()
+        self._waiting_for = (global_steps, target_count)
+        return super().wait_for_sampleable(global_steps, partition_id, target_count)
+
     def _wait_for_next_poll(self, partition_id, last_debug_time):
+        self._stall_watch.observe(self._progress(partition_id), lambda s: self._stall_diagnosis(partition_id, s))
         if self.on_poll is not None:
             self.on_poll(partition_id)
         return super()._wait_for_next_poll(partition_id, last_debug_time)
+
+    def _progress(self, partition_id: str) -> tuple:
+        """What changes whenever the sampler gets anywhere (on the snapshot just read)."""
+        return (
+            frozenset(self.pending_keys[partition_id]),
+            frozenset(self.running_keys[partition_id]),
+            frozenset(self.finished_keys[partition_id]),
+            frozenset(self.failure_keys[partition_id]),
+            len(self.partitions[partition_id]),  # samples stored, one more for each that finishes
+        )
+
+    def _stall_diagnosis(self, partition_id: str, stalled_s: float) -> str:
+        step, groups = self._waiting_for
+        what = "validation" if partition_id == "val" else f"step {step}"
+        counts = {name: len(getattr(self, f"{name}_keys")[partition_id])
+                  for name in ("pending", "running", "finished", "failure")}  # fmt: skip
+        replicas = ""
+        if self.describe_sampler is not None:
+            try:
+                replicas = f" Rollout replicas: {self.describe_sampler()}."
+            except Exception as error:  # noqa: BLE001 - the diagnosis must not hide the stall
+                replicas = f" Rollout replicas: could not be asked ({type(error).__name__}: {error})."
+        return (
+            f"{self.trainer_mode}: the sampler made no progress for {stalled_s:.0f} s while the trainer waited for "
+            f"{groups} prompt groups of {what}. TransferQueue holds {counts['pending']} pending, {counts['running']} "
+            f"running, {counts['finished']} finished and {counts['failure']} failed groups, and no group or sample "
+            f"moved in that time.{replicas} A rollout engine is stuck (paused, a request hanging in it, or its engine "
+            "process gone). Fix: read the rollout servers' logs (`ray logs`, or the session's logs folder); if one "
+            f"generation legitimately takes longer, raise trainer.v1.{self.trainer_mode}.stall_timeout_s."
+        )
 
     def _select_prompt_uids(self, partition_id, sampleable_keys, batch_size):
         sampleable_keys = self._oldest_batch(partition_id, sampleable_keys)

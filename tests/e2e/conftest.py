@@ -62,11 +62,11 @@ def _trained(run_dir: str, steps: int) -> dict[int, list[tuple]]:
 def learning_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, tail_of):
     cache: dict[tuple, LearningRun] = {}
 
-    def run(mode: str, reward: str = "compute_score", *extra: str) -> LearningRun:
-        key = (mode, reward, extra)
+    def run(mode: str, reward: str = "compute_score", *extra: str, seed: int = 7) -> LearningRun:
+        key = (mode, reward, extra, seed)
         if key in cache:
             return cache[key]
-        run_dir = str(tmp_path_factory.mktemp(f"learn_{mode}_{reward}"))
+        run_dir = str(tmp_path_factory.mktemp(f"learn_{mode}_{reward}_seed{seed}"))
         cfg = QuickstartConfig(
             data="embedded",
             # one torch thread per actor in every mode, so that runs of different layouts (a colocated sync, a
@@ -80,7 +80,7 @@ def learning_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, ta
             samples_per_prompt=8,
             max_response_length=16,
             lr=5e-2,
-            seed=7,
+            seed=seed,
             validate_at_end=False,
             ray_address=ray_cluster,
             out_dir=run_dir,

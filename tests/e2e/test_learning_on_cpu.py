@@ -38,6 +38,11 @@ WINDOW = 2  # steps averaged at each end
 # in_flight_pipeline +0.14 / +0.14 / +0.14 (with 16 samples per prompt: +0.13..+0.18 and +0.11..+0.19, at 1.3x the
 # time per run, so the suite keeps 8).
 MARGIN = 0.04
+# One separate_async run in about six has come out at +0.04 (0.0395): its schedule depends on timing. A gain between 0
+# and MARGIN is therefore not a verdict: a second run on another seed decides, and the mean of the two gains must
+# reach MARGIN. A mode that trains the wrong way fails at once (its gain is negative, as every control's is), and one
+# that does not learn at all fails the mean; only an ambiguous first run costs the second (about a minute).
+SECOND_SEED = 8
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -52,10 +57,34 @@ def learned(scores: list[float]) -> bool:
     return len(scores) >= 2 * WINDOW and improvement(scores) >= MARGIN
 
 
+def learned_in_one_or_two_runs(first: list[float], second_run) -> tuple[bool, str]:
+    """(verdict, evidence): the first run decides unless its gain is ambiguous (in [0, MARGIN)); then the mean gain
+    of it and a second run on another seed must reach MARGIN."""
+    if learned(first) or improvement(first) < 0:
+        return learned(first), f"vowel share per step {first}"
+    second = second_run()
+    gains = (improvement(first), improvement(second))
+    return sum(gains) / 2 >= MARGIN, f"vowel share per step {first}, then on seed {SECOND_SEED} {second}"
+
+
+def test_the_second_run_decides_only_an_ambiguous_first():
+    """The rule itself, on made-up scores: a clear gain or a loss needs no second run; an ambiguous one is decided
+    by the mean (a mode that does not learn stays below MARGIN)."""
+
+    def never():
+        raise AssertionError("a clear first run needs no second")
+
+    assert learned_in_one_or_two_runs([0.1, 0.1, 0.2, 0.2], never)[0]
+    assert not learned_in_one_or_two_runs([0.2, 0.2, 0.1, 0.1], never)[0]
+    assert learned_in_one_or_two_runs([0.1, 0.1, 0.12, 0.12], lambda: [0.1, 0.1, 0.2, 0.2])[0]
+    assert not learned_in_one_or_two_runs([0.1, 0.1, 0.12, 0.12], lambda: [0.1, 0.1, 0.11, 0.11])[0]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_learns(learning_run, mode):
     run = learning_run(mode)
-    assert learned(run.scores), f"{mode} did not learn: vowel share per step {run.scores}"
+    verdict, evidence = learned_in_one_or_two_runs(run.scores, lambda: learning_run(mode, seed=SECOND_SEED).scores)
+    assert verdict, f"{mode} did not learn: {evidence}"
     # What the mode trained on carries its own reward: every sample verl dumped as trained at a step has the score
     # of its own response (recomputed here from the text), so no mode pairs responses with another's rewards.
     for step, samples in run.trained.items():
