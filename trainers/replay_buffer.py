@@ -27,7 +27,7 @@ class PipelineReplayBuffer(ReplayBufferAsync):
       finished before it rather than the other way round.
     * ``on_poll`` (set by a trainer) runs between polls while the trainer waits for samples, on the snapshot
       just read: one-off pipelining syncs the sampler there as soon as the batch in flight has generated.
-    * A stall watch (:mod:`.stall_watch`): a wait in which TransferQueue does not change for
+    * A stall watch (:mod:`.stall_watch`): a wait in which no group finishes and no sample is stored for
       ``trainer.v1.<mode>.stall_timeout_s`` raises, naming what it waited for and what the sampler holds;
       ``describe_sampler`` (set by a trainer) adds how each rollout replica answers.
     """
@@ -41,6 +41,7 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         self.poll_interval = cfg.poll_interval_s
         self._stall_watch = StallWatch(cfg.stall_timeout_s)
         self._waiting_for: tuple[int, int] = (0, 0)  # (step, groups) of the current wait, for the diagnosis
+        self._evicted_while_waiting = 0
 
     def _oldest_batch(self, partition_id, keys):
         steps = self.prompt_global_steps[partition_id]
@@ -56,7 +57,13 @@ class PipelineReplayBuffer(ReplayBufferAsync):
     def wait_for_sampleable(self, global_steps, partition_id, target_count):
         self._stall_watch.start()
         self._waiting_for = (global_steps, target_count)
+        self._evicted_while_waiting = 0
         return super().wait_for_sampleable(global_steps, partition_id, target_count)
+
+    def _evict_terminal_groups(self, global_steps, partition_id, eviction_reasons):
+        evicted = super()._evict_terminal_groups(global_steps, partition_id, eviction_reasons)
+        self._evicted_while_waiting += len(evicted[0])  # failed (or stale) groups verl drops and replaces
+        return evicted
 
     def _wait_for_next_poll(self, partition_id, last_debug_time):
         self._stall_watch.observe(self._progress(partition_id), lambda s: self._stall_diagnosis(partition_id, s))
@@ -65,14 +72,11 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         return super()._wait_for_next_poll(partition_id, last_debug_time)
 
     def _progress(self, partition_id: str) -> tuple:
-        """What changes whenever the sampler gets anywhere (on the snapshot just read)."""
-        return (
-            frozenset(self.pending_keys[partition_id]),
-            frozenset(self.running_keys[partition_id]),
-            frozenset(self.finished_keys[partition_id]),
-            frozenset(self.failure_keys[partition_id]),
-            len(self.partitions[partition_id]),  # samples stored, one more for each that finishes
-        )
+        """What changes whenever the sampler produces something (on the snapshot just read): a group finished, or
+        one more sample of a group stored. Groups submitted, started or failed are not progress: with a dead
+        replica verl's buffer evicts each failed group and submits a new one, round after round, and nothing
+        ever finishes."""
+        return frozenset(self.finished_keys[partition_id]), len(self.partitions[partition_id])
 
     def _stall_diagnosis(self, partition_id: str, stalled_s: float) -> str:
         step, groups = self._waiting_for
@@ -88,9 +92,11 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         return (
             f"{self.trainer_mode}: the sampler made no progress for {stalled_s:.0f} s while the trainer waited for "
             f"{groups} prompt groups of {what}. TransferQueue holds {counts['pending']} pending, {counts['running']} "
-            f"running, {counts['finished']} finished and {counts['failure']} failed groups, and no group or sample "
-            f"moved in that time.{replicas} A rollout engine is stuck (paused, a request hanging in it, or its engine "
-            "process gone). Fix: read the rollout servers' logs (`ray logs`, or the session's logs folder); if one "
+            f"running, {counts['finished']} finished and {counts['failure']} failed groups; no group finished and no "
+            f"sample was stored in that time, and {self._evicted_while_waiting} failed groups were dropped and "
+            f"replaced during the wait.{replicas} A rollout engine is stuck or gone (paused, a request hanging in it, "
+            "its process dead). Fix: read the rollout servers' logs (`ray logs`, or the session's logs folder), and "
+            "resume from the last checkpoint once the replicas are healthy (trainer.resume_mode=auto); if one "
             f"generation legitimately takes longer, raise trainer.v1.{self.trainer_mode}.stall_timeout_s."
         )
 

@@ -1,10 +1,11 @@
 """A watchdog for the trainer's wait on the sampler: no progress for ``stall_timeout_s`` stops the run, diagnosed.
 
 While the trainer waits for finished prompt groups, the replay buffer re-reads TransferQueue every poll. Progress is
-any change there: a group submitted, started, finished or failed, or one more sample of a group finished. A rollout
-engine that stops making progress without dying (a paused engine, a request stuck in it, an engine process gone
-while its server lives on) changes nothing, and verl's buffer would wait forever. The watch turns that into one
-error naming what the trainer waited for, what TransferQueue holds, and how each rollout replica answers.
+what the sampler produces: a group finished, or one more sample stored. A rollout engine that stops making
+progress without dying (a paused engine, a request stuck in it) produces nothing, and verl's buffer waits forever;
+one that died fails every request, and verl's buffer evicts each failed group and submits another, round after
+round. The watch turns either into one error naming what the trainer waited for, what TransferQueue holds, and how
+each rollout replica answers.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from verl_pipe.backends.cpu.faults import STALL_AFTER_ENV, stalled_engine
+from verl_pipe.backends.cpu.faults import AFTER_REQUESTS_ENV, FAULT_ENV, engine_fault
 from verl_pipe.trainers.config import PipelineConfig, PipelineConfigError
 from verl_pipe.trainers.stall_watch import SamplerStalledError, StallWatch
 
@@ -60,8 +60,9 @@ def test_a_bad_stall_timeout_names_the_key(value):
 
 
 def test_the_stalled_engine_serves_its_first_requests_then_holds_every_later_one(monkeypatch):
-    monkeypatch.setenv(STALL_AFTER_ENV, "1")
-    replica = stalled_engine().replica()
+    monkeypatch.setenv(FAULT_ENV, "stall")
+    monkeypatch.setenv(AFTER_REQUESTS_ENV, "1")
+    replica = engine_fault().replica()
 
     async def generate():
         return "answer"
@@ -73,6 +74,9 @@ def test_the_stalled_engine_serves_its_first_requests_then_holds_every_later_one
         return first
 
     assert asyncio.run(serve()) == ("answer", {})
-    monkeypatch.setenv(STALL_AFTER_ENV, "many")
-    with pytest.raises(ValueError, match=STALL_AFTER_ENV):
-        stalled_engine()
+    monkeypatch.setenv(AFTER_REQUESTS_ENV, "many")
+    with pytest.raises(ValueError, match=AFTER_REQUESTS_ENV):
+        engine_fault()
+    monkeypatch.setenv(FAULT_ENV, "melt")
+    with pytest.raises(ValueError, match="expected one of stall, kill"):
+        engine_fault()
