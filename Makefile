@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 ROLLOUT ?= vllm
 BENCH_ROLLOUT ?= hf
 
-.PHONY: install install-vllm test-vllm demo dry-run test test-fast doctor docs bench bench-learn bench-reward clean-runs
+.PHONY: install install-vllm test-vllm demo dry-run test test-fast doctor docs chaos bench bench-learn bench-reward clean-runs
 
 # torch for a machine without an NVIDIA driver: the CPU build, whatever pip's default index serves (PyPI's plain
 # `torch` is the CUDA build, gigabytes a GPU-less machine cannot use). PyTorch's CPU wheel index where it answers,
@@ -132,6 +132,11 @@ bench-reward: install
 
 doctor: install
 	$(BIN)/verl-pipe doctor
+
+# Every trainer mode with a fault in its rollout engine (stalled; server killed mid-request), through verl's real
+# dataflow on CPU, and what became of each run: a table (docs/faults.md). About 20 min on 2 cores.
+chaos: install
+	$(BIN)/verl-pipe chaos $(ARGS)
 
 # docs/upstream.md and the README's paragraph on patches, rewritten from the patch tables (a test fails when stale).
 docs: install

@@ -85,7 +85,7 @@ LAYERS = (
     ("plotting", ("verl_pipe.plot",)),
     # what a user runs: each may drive a trainer, a model, the reward, and plot
     ("commands", ("verl_pipe.quickstart", "verl_pipe.baseline", "verl_pipe.evaluation", "verl_pipe.bench",
-                  "verl_pipe.recipe_check")),
+                  "verl_pipe.recipe_check", "verl_pipe.chaos")),
     # entry points: verl's plugin hook, the table of patches it installs (whose code lives with each feature), the
     # docs written from that table, and the `verl-pipe` command: they reach everything
     ("entry points", ("verl_pipe.register", "verl_pipe.patch_registry", "verl_pipe.patch_docs", "verl_pipe.cli")),

@@ -17,6 +17,7 @@ verl-pipe doctor
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -78,6 +79,20 @@ def _print_report(table: str, report: dict, out: str | None) -> int:
     print(table)
     if out:
         print(f"wrote {write_json(out, report)}")
+    return 0
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    import time
+
+    from verl_pipe.chaos import format_table, run_chaos
+
+    out_dir = args.out_dir or os.path.join("runs", time.strftime("chaos-%Y%m%d-%H%M%S"))
+    os.makedirs(out_dir, exist_ok=True)
+    results = run_chaos(args.modes.split(","), args.faults.split(","), out_dir, after_requests=args.after,
+                        stall_timeout_s=args.stall_timeout_s, hang_after_s=args.hang_after)  # fmt: skip
+    print(format_table(results))
+    print(f"wrote {os.path.join(out_dir, 'chaos.json')}")
     return 0
 
 
@@ -155,7 +170,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     """Print what verl-pipe sees: verl version, platform choice, registered parts, verl patches, sandbox tools."""
-    import os
     import shutil
 
     if args.markdown:
@@ -372,6 +386,20 @@ def build_parser() -> argparse.ArgumentParser:
     from verl_pipe.evaluation.run import add_eval_command  # argparse only; the work is imported lazily
 
     add_eval_command(sub)
+
+    chaos = sub.add_parser(
+        "chaos", help="every trainer mode with a fault injected into its rollout engine, and what became of the run"
+    )
+    chaos.add_argument("--modes", default=",".join(TRAINER_MODES), help="comma-separated trainer modes (default: all)")
+    chaos.add_argument("--faults", default="stall,kill", help="comma-separated: stall (engine stops, server answers), "
+                       "kill (server SIGKILLed mid-request)")
+    chaos.add_argument("--after", type=int, default=2, help="requests each replica serves before the fault (default 2)")
+    chaos.add_argument("--stall-timeout-s", dest="stall_timeout_s", type=float, default=10.0,
+                       help="our modes' trainer.v1.<mode>.stall_timeout_s (default 10)")
+    chaos.add_argument("--hang-after", dest="hang_after", type=float, default=180.0,
+                       help="a run still going this many seconds after it started is hung, and killed (default 180)")
+    chaos.add_argument("--out-dir", dest="out_dir", help="where the runs go (default: runs/chaos-<time>)")
+    chaos.set_defaults(func=_chaos)
 
     doctor = sub.add_parser("doctor", help="show what verl-pipe registers and what it finds on this machine")
     doctor.add_argument(

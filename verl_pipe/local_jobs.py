@@ -76,12 +76,22 @@ def local_ray_head(num_cpus: int = 16, start_timeout_s: float = 180.0, stop_grac
         finally:
             # `ray start --block` takes ~33 s to stop gracefully; everything it started (GCS, raylet, workers) is in
             # its process group, so after a short grace the group goes at once.
-            os.killpg(head.pid, signal.SIGTERM)
-            try:
-                head.wait(timeout=stop_grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(head.pid, signal.SIGKILL)
-                head.wait()
+            stop_process_group(head, stop_grace_s)
+
+
+def stop_process_group(process: subprocess.Popen, grace_s: float) -> None:
+    """End a child started in a session of its own, and everything in its group: SIGTERM, SIGKILL after ``grace_s``
+    (the group's other members too, when the child itself has already exited)."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return  # nothing of the group is left
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def job_env(run_dir: str, extra_env: dict[str, str] | None = None) -> dict[str, str]:

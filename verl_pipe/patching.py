@@ -33,6 +33,7 @@ from functools import lru_cache
 from typing import Callable, Iterable
 
 from verl_pipe.compat import SetupError, check_verl_version, installed_verl_version
+from verl_pipe.import_hooks import when_imported
 
 logger = logging.getLogger("verl_pipe")
 
@@ -306,8 +307,6 @@ INSTALLED: dict[str, VerlPatch] = {}
 
 def install(patches: Iterable[VerlPatch]) -> None:
     """Apply every active patch of a table: now for plugin-load ones, else as soon as verl imports its trigger."""
-    from verl_pipe.import_hooks import when_imported
-
     patches = tuple(patches)
     INSTALLED.update((patch.name, patch) for patch in patches)
     apply_patches([p for p in patches if p.active and p.trigger == AT_PLUGIN_LOAD])

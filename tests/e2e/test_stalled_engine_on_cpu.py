@@ -14,18 +14,12 @@ waiting, with no step done, well after the watched runs have stopped, and is the
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from verl_pipe.backends.cpu.faults import AFTER_REQUESTS_ENV, FAULT_ENV
-from verl_pipe.backends.cpu.generation_timing import GENERATION_TIMING_ENV
-from verl_pipe.data.embedded import write_embedded_dataset
-from verl_pipe.local_jobs import job_env, read_steps
-from verl_pipe.quickstart import QuickstartConfig, training_overrides
+from verl_pipe.chaos import start_faulted_run
+from verl_pipe.local_jobs import read_steps, stop_process_group
 
 MODE = "one_off_pipeline"
 STALL_TIMEOUT_S = 5
@@ -35,42 +29,11 @@ CONTROL_GRACE_S = 15
 pytestmark = pytest.mark.timeout(600)
 
 
-def _start(run_dir: str, model: str, ray_address: str, fault: str, stall_timeout: str) -> tuple[subprocess.Popen, str]:
-    cfg = QuickstartConfig(data="embedded", model=model, mode=MODE, algorithm="grpo", steps=2, prompts_per_step=2,
-                           samples_per_prompt=2, max_response_length=8, validate_at_end=False,
-                           ray_address=ray_address, out_dir=run_dir)  # fmt: skip
-    train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
-    # (the count quoted: hydra would pass a number, and Ray takes only strings)
-    worker_env = {GENERATION_TIMING_ENV: "verl_pipe.backends.cpu.faults:engine_fault", FAULT_ENV: fault,
-                  AFTER_REQUESTS_ENV: "'0'"}  # fmt: skip
-    overrides = training_overrides(cfg, model, train_file, val_file, run_dir) + [
-        "trainer.val_before_train=False",
-        f"+trainer.v1.{MODE}.stall_timeout_s={stall_timeout}",
-        *(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={value}" for name, value in worker_env.items()),
-    ]
-    log_path = os.path.join(run_dir, "train.log")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], cwd=run_dir,
-                                   env=dict(os.environ, **job_env(run_dir)), stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
-    return process, log_path
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 def test_the_stall_watch_stops_a_run_whose_engine_stalled_or_died(tmp_path, tiny_model_path, ray_cluster, tail_of):
-    runs = {name: _start(str(tmp_path / name), tiny_model_path, ray_cluster, fault, timeout)
-            for name, fault, timeout in (("stalled", "stall", str(STALL_TIMEOUT_S)),
-                                         ("killed", "kill", str(STALL_TIMEOUT_S)),
-                                         ("control", "stall", "null"))}  # fmt: skip
+    runs = {name: start_faulted_run(str(tmp_path / name), tiny_model_path, ray_cluster, MODE, fault,
+                                    stall_timeout_s=timeout, steps=2)
+            for name, fault, timeout in (("stalled", "stall", STALL_TIMEOUT_S), ("killed", "kill", STALL_TIMEOUT_S),
+                                         ("control", "stall", None))}  # fmt: skip
     try:
         started = time.monotonic()
         for name, replica_says in (("stalled", "its server answers"), ("killed", "its server is dead")):
@@ -94,4 +57,4 @@ def test_the_stall_watch_stops_a_run_whose_engine_stalled_or_died(tmp_path, tiny
               f"waiting {CONTROL_GRACE_S} s later")  # fmt: skip
     finally:
         for process, _ in runs.values():
-            _stop(process)
+            stop_process_group(process, grace_s=30.0)

@@ -1,0 +1,174 @@
+"""``verl-pipe chaos`` / ``make chaos``: each trainer mode through verl's real dataflow on CPU, with a fault injected
+into its rollout engine, and what became of the run.
+
+Every case is ``python -m verl.trainer.main_ppo`` on the CPU backend (the tiny model, 2 prompts x 2 samples, 3
+steps) on one private Ray head, with a fault from the servers' timing slot (:mod:`verl_pipe.backends.cpu.faults`)
+after each replica has served ``--after`` requests:
+
+* ``stall``: the engine stops making progress, its server up and answering;
+* ``kill``: the server's process is killed (SIGKILL) in the middle of a request.
+
+Each run ends one of four ways: ``finished`` (every step trained), ``stopped`` (it ended with verl-pipe's stall
+diagnosis), ``failed`` (it ended with another error), or ``hung`` (still running ``--hang-after`` seconds after it
+started: then killed). The table gives the seconds to the end, and the processes and /dev/shm bytes the run left.
+Our modes carry the stall watch (``stall_timeout_s``); verl's ``sync`` and ``separate_async`` are the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from verl_pipe.backends.cpu.faults import AFTER_REQUESTS_ENV, FAULT_ENV, FAULTS
+from verl_pipe.backends.cpu.generation_timing import GENERATION_TIMING_ENV
+from verl_pipe.local_jobs import job_env, read_steps, stop_process_group
+from verl_pipe.trainer_modes import TRAINER_MODES
+
+STALL_DIAGNOSIS = "the sampler made no progress for"
+STEPS = 3
+
+
+@dataclass
+class CaseResult:
+    mode: str
+    fault: str
+    outcome: str  # finished | stopped | failed | hung
+    seconds: float  # from the start to the end (or to the kill, when hung)
+    steps_trained: int
+    leftover_processes: int  # processes of the run still alive after it ended
+    leftover_shm_bytes: int  # /dev/shm bytes the run added and left
+    error: str = ""  # the run's last error line
+
+
+def start_faulted_run(
+    run_dir: str, model: str, ray_address: str, mode: str, fault: str, after_requests: int = 0,
+    stall_timeout_s: float | None = 10.0, steps: int = STEPS,
+) -> tuple[subprocess.Popen, str]:  # fmt: skip
+    """Start ``main_ppo`` in ``mode`` with the rollout ``fault``; return the process (its own session) and its log."""
+    from verl_pipe.data.embedded import write_embedded_dataset
+    from verl_pipe.quickstart import QuickstartConfig, training_overrides
+
+    cfg = QuickstartConfig(data="embedded", model=model, mode=mode, algorithm="grpo", steps=steps, prompts_per_step=2,
+                           samples_per_prompt=2, max_response_length=8, validate_at_end=False,
+                           ray_address=ray_address, out_dir=run_dir)  # fmt: skip
+    train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
+    # (the count quoted: hydra would pass a number, and Ray takes only strings)
+    worker_env = {GENERATION_TIMING_ENV: "verl_pipe.backends.cpu.faults:engine_fault", FAULT_ENV: fault,
+                  AFTER_REQUESTS_ENV: f"'{after_requests}'"}  # fmt: skip
+    overrides = training_overrides(cfg, model, train_file, val_file, run_dir) + [
+        "trainer.val_before_train=False",
+        *(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={value}" for name, value in worker_env.items()),
+    ]
+    if TRAINER_MODES[mode].from_plugin:
+        timeout = "null" if stall_timeout_s is None else stall_timeout_s
+        overrides.append(f"+trainer.v1.{mode}.stall_timeout_s={timeout}")
+    log_path = os.path.join(run_dir, "train.log")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], cwd=run_dir,
+                                   env=dict(os.environ, **job_env(run_dir)), stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+    return process, log_path
+
+
+def _shm_files() -> dict[str, int]:
+    found = {}
+    for name in os.listdir("/dev/shm"):
+        try:
+            found[name] = os.stat(os.path.join("/dev/shm", name)).st_size
+        except OSError:
+            pass
+    return found
+
+
+def _job_processes(run_dir: str) -> int:
+    """Processes still alive whose command line or working folder names the run's folder."""
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read().decode(errors="replace")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if run_dir in cmdline or cwd == run_dir:
+            count += 1
+    return count
+
+
+def _last_error(log_path: str) -> str:
+    with open(log_path, errors="replace") as fh:
+        lines = [line.strip() for line in fh if "Error" in line and "Warning" not in line]
+    return lines[-1][-300:] if lines else ""
+
+
+def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, after_requests: int,
+             stall_timeout_s: float, hang_after_s: float) -> CaseResult:  # fmt: skip
+    run_dir = os.path.abspath(os.path.join(out_dir, f"{mode}-{fault}"))
+    os.makedirs(run_dir, exist_ok=True)
+    shm_before = _shm_files()
+    started = time.monotonic()
+    process, log_path = start_faulted_run(run_dir, model, ray_address, mode, fault, after_requests, stall_timeout_s)
+    try:
+        rc = process.wait(timeout=hang_after_s)
+    except subprocess.TimeoutExpired:
+        rc = None
+    seconds = time.monotonic() - started
+    stop_process_group(process, grace_s=30.0)
+    time.sleep(5)  # Ray reaps the job's actors once its driver is gone
+    with open(log_path, errors="replace") as fh:
+        stalled = STALL_DIAGNOSIS in fh.read()
+    trained = sum(1 for record in read_steps(run_dir) if "timing_s/step" in record["data"])
+    if rc is None:
+        outcome = "hung"
+    elif rc == 0 and trained == STEPS:
+        outcome = "finished"
+    else:
+        outcome = "stopped" if stalled else "failed"
+    added = {name: size for name, size in _shm_files().items() if shm_before.get(name) != size}
+    return CaseResult(mode, fault, outcome, round(seconds, 1), trained, _job_processes(run_dir), sum(added.values()),
+                      "" if outcome == "finished" else _last_error(log_path))  # fmt: skip
+
+
+def format_table(results: list[CaseResult]) -> str:
+    faults = sorted({r.fault for r in results}, key=FAULTS.index)
+    modes = [m for m in TRAINER_MODES if any(r.mode == m for r in results)]
+    cell = {(r.mode, r.fault): r for r in results}
+    header = "| mode | " + " | ".join(f"{fault}" for fault in faults) + " |"
+    lines = [header, "|---" * (len(faults) + 1) + "|"]
+    for mode in modes:
+        cells = []
+        for fault in faults:
+            r = cell.get((mode, fault))
+            if r is None:
+                cells.append("-")
+                continue
+            left = f"; left {r.leftover_processes} processes" if r.leftover_processes else ""
+            shm = f"; left {r.leftover_shm_bytes / 2**20:.0f} MiB in /dev/shm" if r.leftover_shm_bytes else ""
+            cells.append(f"{r.outcome} after {r.seconds:.0f} s ({r.steps_trained}/{STEPS} steps{left}{shm})")
+        lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests: int = 2,
+              stall_timeout_s: float = 10.0, hang_after_s: float = 180.0) -> list[CaseResult]:  # fmt: skip
+    from verl_pipe.local_jobs import local_ray_head, sigterm_unwinds
+    from verl_pipe.models import build_tiny_qwen2
+
+    unknown = [m for m in modes if m not in TRAINER_MODES] + [f for f in faults if f not in FAULTS]
+    if unknown:
+        raise ValueError(f"unknown mode or fault {unknown[0]!r}: modes {list(TRAINER_MODES)}, faults {list(FAULTS)}")
+    model = build_tiny_qwen2()
+    results = []
+    with sigterm_unwinds(), local_ray_head(num_cpus=16) as address:
+        for fault in faults:
+            for mode in modes:
+                result = run_case(mode, fault, model, address, out_dir, after_requests, stall_timeout_s, hang_after_s)
+                print(f"{mode} / {fault}: {result.outcome} after {result.seconds:.0f} s", flush=True)
+                results.append(result)
+    with open(os.path.join(out_dir, "chaos.json"), "w") as fh:
+        json.dump([asdict(r) for r in results], fh, indent=2)
+    return results
