@@ -1,13 +1,13 @@
 """A rollout engine that stalls, or whose server is killed mid-generation, stops a pipelined run, diagnosed, in
 bounded time.
 
-Three runs of ``one_off_pipeline`` start together through verl's stock entrypoint on the shared cluster, each with
-a fault from its first rollout request on (:func:`verl_pipe.backends.cpu.faults.engine_fault`, through the servers'
+Three runs of ``one_off_pipeline``, one after another, through verl's stock entrypoint on the shared cluster, each
+with a fault from its first rollout request on (:func:`verl_pipe.backends.cpu.faults.engine_fault`, through the servers'
 timing slot): ``stall`` holds every request forever while the server is up and answers; ``kill`` kills the
 server's process in the middle of its first request. With the stall watch at 5 s, each of the first two runs ends
 with one error that names the wait, what TransferQueue holds and how the replica answers (stuck, or dead). The
 control is the stalled run with the watch off (``stall_timeout_s=null``, verl's own behaviour): it is still
-waiting, with no step done, well after the watched runs have stopped, and is then killed. (verl's own
+waiting, with no step done, well past the point where the watch stopped the stalled run, and is then killed. (verl's own
 ``separate_async``, with its server killed the same way, was seen churning failed requests for 240 s until killed.)
 """
 
@@ -23,38 +23,43 @@ from verl_pipe.local_jobs import read_steps, stop_process_group
 
 MODE = "one_off_pipeline"
 STALL_TIMEOUT_S = 5
-# The control must still be waiting this long after the watched run stopped (both stalled at about the same time).
+# The control must still be waiting this long past the point where the watch stopped the stalled run.
 CONTROL_GRACE_S = 15
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def test_the_stall_watch_stops_a_run_whose_engine_stalled_or_died(tmp_path, tiny_model_path, ray_cluster, tail_of):
-    runs = {name: start_faulted_run(str(tmp_path / name), tiny_model_path, ray_cluster, MODE, fault,
-                                    stall_timeout_s=timeout, steps=2)
-            for name, fault, timeout in (("stalled", "stall", STALL_TIMEOUT_S), ("killed", "kill", STALL_TIMEOUT_S),
-                                         ("control", "stall", None))}  # fmt: skip
-    try:
+    # One run at a time: runs that wait forever hold their share of the shared cluster, and the control must not
+    # keep a watched run from being placed.
+    durations = {}
+    cases = (("stalled", "stall", "its server answers"), ("killed", "kill", "its server is dead"))
+    for name, fault, replica_says in cases:
         started = time.monotonic()
-        for name, replica_says in (("stalled", "its server answers"), ("killed", "its server is dead")):
-            process, log_path = runs[name]
+        process, log_path = start_faulted_run(str(tmp_path / name), tiny_model_path, ray_cluster, MODE, fault,
+                                              stall_timeout_s=STALL_TIMEOUT_S, steps=2)  # fmt: skip
+        try:
             rc = process.wait(timeout=420)
-            log = open(log_path, errors="replace").read()
-            assert rc != 0, tail_of(log_path)
-            assert f"{MODE}: the sampler made no progress for" in log, tail_of(log_path)
-            assert "while the trainer waited for 2 prompt groups of step 1" in log
-            assert "0 finished" in log and f"replica 0: {replica_says}" in log, tail_of(log_path)
-            assert f"trainer.v1.{MODE}.stall_timeout_s" in log
-        stopped_after = time.monotonic() - started
-        # the control: without the watch the same stall is waited on forever
-        time.sleep(CONTROL_GRACE_S)
-        control, control_log = runs["control"]
+        finally:
+            stop_process_group(process, grace_s=30.0)
+        durations[name] = time.monotonic() - started
+        log = open(log_path, errors="replace").read()
+        assert rc != 0, tail_of(log_path)
+        assert f"{MODE}: the sampler made no progress for" in log, tail_of(log_path)
+        assert "while the trainer waited for 2 prompt groups of step 1" in log
+        assert "0 finished" in log and f"replica 0: {replica_says}" in log, tail_of(log_path)
+        assert f"trainer.v1.{MODE}.stall_timeout_s" in log
+    # the control: without the watch the same stall is waited on forever. It started as the stalled run did, so
+    # after that run's whole life and CONTROL_GRACE_S more it has waited CONTROL_GRACE_S past the watch's timeout.
+    control, control_log = start_faulted_run(str(tmp_path / "control"), tiny_model_path, ray_cluster, MODE, "stall",
+                                             stall_timeout_s=None, steps=2)  # fmt: skip
+    try:
+        time.sleep(durations["stalled"] + CONTROL_GRACE_S)
         assert control.poll() is None, tail_of(control_log)
         assert "made no progress" not in open(control_log, errors="replace").read()
         trained = [s for s in read_steps(str(tmp_path / "control")) if "timing_s/step" in s["data"]]
         assert not trained, "the control trained a step through a stalled engine"
-        print(f"both watched runs stopped {stopped_after:.0f} s after the three started; the control was still "
-              f"waiting {CONTROL_GRACE_S} s later")  # fmt: skip
     finally:
-        for process, _ in runs.values():
-            stop_process_group(process, grace_s=30.0)
+        stop_process_group(control, grace_s=30.0)
+    print(f"stopped after {durations['stalled']:.0f} s (stalled) and {durations['killed']:.0f} s (killed); the "
+          f"control was still waiting {CONTROL_GRACE_S} s past the watch's timeout")  # fmt: skip
