@@ -13,7 +13,6 @@ waiting, with no step done, well past the point where the watch stopped the stal
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
