@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_pipe.chaos import CaseResult, format_table, run_chaos
+from verl_pipe.chaos import CaseResult, _checkpoints_left, format_table, run_chaos
 
 
 def test_the_table_has_a_row_per_mode_and_a_cell_per_fault(tmp_path):
@@ -25,3 +25,19 @@ def test_the_table_has_a_row_per_mode_and_a_cell_per_fault(tmp_path):
 def test_an_unknown_mode_or_fault_is_named(tmp_path, modes, faults, name):
     with pytest.raises(ValueError, match=f"unknown mode or fault '{name}'"):
         run_chaos(modes, faults, str(tmp_path))
+
+
+def test_the_full_disk_cells_say_where_a_resume_starts_and_what_was_left_half_written(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    for step in (1, 2):
+        (checkpoints / f"global_step_{step}" / "actor").mkdir(parents=True)
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("1")
+    assert _checkpoints_left(str(checkpoints)) == (1, 1)  # step 2's save failed half-way
+    results = [
+        CaseResult("sync", "full_disk", "failed", 48.0, 1, 0, 0, "RuntimeError", *_checkpoints_left(str(checkpoints))),
+        CaseResult("one_off_pipeline", "full_disk", "stopped", 46.0, 1, 0, 0, "CheckpointSaveError", 1, 0),
+    ]
+    table = format_table(results).splitlines()
+    assert table[2] == "| `sync` | failed after 48 s (1/3 steps; resumes from step 1; left 1 half-written checkpoint) |"
+    assert table[3] == "| `one_off_pipeline` | stopped after 46 s (1/3 steps; resumes from step 1) |"
+    assert _checkpoints_left(str(tmp_path / "none")) == (None, 0)

@@ -13,7 +13,10 @@ syncs weights through a checkpoint engine. The pipelined modes keep all of that 
 * a per-step ledger (prompts consumed and trained, the policy versions that generated each sample, phase times:
   :mod:`.step_ledger`), per-step metrics (``pipeline/trainer_bubble_frac``, ``pipeline/sampler_idle_frac``,
   ``pipeline/time/*``, ``pipeline/staleness_hist/*``) and a timeline of samplers, reward workers and trainer
-  (:mod:`.timeline_recorder`, :mod:`.timeline`).
+  (:mod:`.timeline_recorder`, :mod:`.timeline`);
+* checkpoints a resume can trust: a failed save (a full disk) stops the run naming the step, the disk and the
+  checkpoint a rerun resumes from, and a tracker that names no complete checkpoint is refused at start-up
+  (:mod:`.checkpoint_guard`).
 
 This class holds the schedule's building blocks the modes share (tagged submission, waiting for an idle
 sampler, weight sync) and wires the pieces above into verl's step.
@@ -30,6 +33,7 @@ import ray
 from omegaconf import open_dict
 
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl_pipe.trainers.checkpoint_guard import check_resumable, saving_checkpoint
 from verl_pipe.trainers.config import PipelineConfig
 from verl_pipe.trainers.filtered_samples import FilteredSamples
 from verl_pipe.trainers.layout_checks import check_layout
@@ -82,6 +86,20 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         if configured == "":
             return None
         return configured or os.path.join(self.config.trainer.default_local_dir, default_name)
+
+    # --- checkpoints ----------------------------------------------------------------------------------------------
+
+    def _checkpoint_dir(self) -> str:
+        return os.path.abspath(self.config.trainer.default_local_dir)  # verl resolves it against the working dir
+
+    def _save_checkpoint(self):
+        with saving_checkpoint(self._checkpoint_dir(), self.global_steps):
+            return super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        if self.config.trainer.resume_mode == "auto":
+            check_resumable(self._checkpoint_dir())
+        return super()._load_checkpoint()
 
     # --- start-up checks ----------------------------------------------------------------------------------------
 

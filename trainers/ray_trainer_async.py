@@ -54,6 +54,7 @@ class OneOffPipelineTrainer(PipelinedTrainer):
         ("on_sample_end", "B_k in hand, nothing else in flight: sync if behind and start B_{k+1}"),
         ("_balance_batch", "drop the samples the filters refuse, before any log-prob"),
         ("_update_actor", "skip an update left with nothing to train"),
+        ("_save_checkpoint", "a failed save (a full disk) stops the run naming the disk; its partial folder goes"),
         ("on_step_end", "if B_{k+1} has generated, sync v_k and start B_{k+2} at once"),
         ("on_validate_begin", "wait for an idle sampler, sync if behind, lend it the trainer's cores"),
         ("on_validate_end", "take them back"),

@@ -82,7 +82,7 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         ("_update_actor", "skip an update left with nothing to train"),
         ("_step_once", "after each minibatch update but the step's last: load its weights into the running "
          "batches, unless a group due now still generates (then on_sample_end sends it)"),
-        ("_save_checkpoint", "hold the feeder while the dataloader's state is saved"),
+        ("_save_checkpoint", "hold the feeder while the dataloader's state is saved; a failed save stops the run"),
         ("on_step_end", "load v_k into the running batches, aborting nothing; at lag 0 the next batch starts now"),
         ("on_validate_begin", "lend the trainer's cores to the sampler pool, which validates"),
         ("on_validate_end", "take them back"),

@@ -37,6 +37,7 @@ class MinibatchPipelineTrainer(PipelinedTrainer):
         ("on_sample_end", "train on them while the rest generate"),
         ("_balance_batch", "drop the samples the filters refuse, before any log-prob"),
         ("_update_actor", "skip an update left with nothing to train"),
+        ("_save_checkpoint", "a failed save (a full disk) stops the run naming the disk; its partial folder goes"),
         ("on_step_end", "check nothing spills into the next iteration, then sync v_k"),
         ("on_validate_begin", "lend the trainer's cores to the sampler pool, which validates"),
         ("on_validate_end", "take them back"),

@@ -1,17 +1,23 @@
 """``verl-pipe chaos`` / ``make chaos``: each trainer mode through verl's real dataflow on CPU, with a fault injected
-into its rollout engine, and what became of the run.
+into its rollout engine or its checkpoint disk, and what became of the run.
 
 Every case is ``python -m verl.trainer.main_ppo`` on the CPU backend (the tiny model, 2 prompts x 2 samples, 3
-steps) on one private Ray head, with a fault from the servers' timing slot (:mod:`verl_pipe.backends.cpu.faults`)
-after each replica has served ``--after`` requests:
+steps) on one private Ray head. The engine faults come from the servers' timing slot
+(:mod:`verl_pipe.backends.cpu.faults`), after each replica has served ``--after`` requests:
 
 * ``stall``: the engine stops making progress, its server up and answering;
-* ``kill``: the server's process is killed (SIGKILL) in the middle of a request.
+* ``kill``: the server's process is killed (SIGKILL) in the middle of a request;
 
-Each run ends one of four ways: ``finished`` (every step trained), ``stopped`` (it ended with verl-pipe's stall
-diagnosis), ``failed`` (it ended with another error), or ``hung`` (still running ``--hang-after`` seconds after it
-started: then killed). The table gives the seconds to the end, and the processes and /dev/shm bytes the run left.
-Our modes carry the stall watch (``stall_timeout_s``); verl's ``sync`` and ``separate_async`` are the reference.
+and the disk fault:
+
+* ``full_disk``: the checkpoints go to a tmpfs with room for one (root only), saved after every step, so the second
+  save meets a real ENOSPC.
+
+Each run ends one of four ways: ``finished`` (every step trained), ``stopped`` (it ended with one of verl-pipe's
+diagnoses: the stall watch's, or the failed checkpoint save's), ``failed`` (it ended with another error), or
+``hung`` (still running ``--hang-after`` seconds after it started: then killed). The table gives the seconds to the
+end, the step a resume would start from, the half-written checkpoints and the processes and /dev/shm bytes the run
+left. Our modes carry the stall watch (``stall_timeout_s``); verl's ``sync`` and ``separate_async`` are the reference.
 """
 
 from __future__ import annotations
@@ -28,8 +34,13 @@ from verl_pipe.backends.cpu.generation_timing import GENERATION_TIMING_ENV
 from verl_pipe.local_jobs import job_env, read_steps, stop_process_group
 from verl_pipe.trainer_modes import TRAINER_MODES
 
-STALL_DIAGNOSIS = "the sampler made no progress for"
+# The lines with which verl-pipe stops a run it diagnosed (trainers.stall_watch, trainers.checkpoint_guard).
+DIAGNOSES = ("the sampler made no progress for", "CheckpointSaveError: the checkpoint of step")
 STEPS = 3
+FULL_DISK = "full_disk"
+CHAOS_FAULTS = (*FAULTS, FULL_DISK)
+# Room for the first checkpoint of the tiny model (1.6 MB) and the run's ledger, not for the second.
+SMALL_DISK = "2500k"
 
 
 @dataclass
@@ -42,13 +53,15 @@ class CaseResult:
     leftover_processes: int  # processes of the run still alive after it ended
     leftover_shm_bytes: int  # /dev/shm bytes the run added and left
     error: str = ""  # the run's last error line
+    resumes_from: int | None = None  # the step its checkpoint tracker names (None: no tracker)
+    partial_checkpoints: int = 0  # global_step_<N> folders newer than the tracker's: half-written saves left behind
 
 
 def start_faulted_run(
     run_dir: str, model: str, ray_address: str, mode: str, fault: str, after_requests: int = 0,
     stall_timeout_s: float | None = 10.0, steps: int = STEPS,
 ) -> tuple[subprocess.Popen, str]:  # fmt: skip
-    """Start ``main_ppo`` in ``mode`` with the rollout ``fault``; return the process (its own session) and its log."""
+    """Start ``main_ppo`` in ``mode`` with ``fault``; return the process (its own session) and its log."""
     from verl_pipe.data.embedded import write_embedded_dataset
     from verl_pipe.quickstart import QuickstartConfig, training_overrides
 
@@ -59,10 +72,15 @@ def start_faulted_run(
     # (the count quoted: hydra would pass a number, and Ray takes only strings)
     worker_env = {GENERATION_TIMING_ENV: "verl_pipe.backends.cpu.faults:engine_fault", FAULT_ENV: fault,
                   AFTER_REQUESTS_ENV: f"'{after_requests}'"}  # fmt: skip
+    if fault == FULL_DISK:
+        worker_env = {}
+        _mount_small_disk(os.path.join(run_dir, "checkpoints"))
     overrides = training_overrides(cfg, model, train_file, val_file, run_dir) + [
         "trainer.val_before_train=False",
         *(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={value}" for name, value in worker_env.items()),
     ]
+    if fault == FULL_DISK:
+        overrides.append("trainer.save_freq=1")
     if TRAINER_MODES[mode].from_plugin:
         timeout = "null" if stall_timeout_s is None else stall_timeout_s
         overrides.append(f"+trainer.v1.{mode}.stall_timeout_s={timeout}")
@@ -74,7 +92,20 @@ def start_faulted_run(
     return process, log_path
 
 
-def _shm_files() -> dict[str, int]:
+def _mount_small_disk(path: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK}", "tmpfs", path], capture_output=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {FULL_DISK} fault mounts a small tmpfs at {path}, which needs root: "
+                           f"{done.stderr.decode().strip()}; leave {FULL_DISK} out of --faults")  # fmt: skip
+
+
+def _unmount(path: str) -> None:
+    if os.path.ismount(path):
+        subprocess.run(["umount", "--lazy", path], capture_output=True)
+
+
+def shm_files() -> dict[str, int]:
     found = {}
     for name in os.listdir("/dev/shm"):
         try:
@@ -84,7 +115,12 @@ def _shm_files() -> dict[str, int]:
     return found
 
 
-def _job_processes(run_dir: str) -> int:
+def shm_added_since(before: dict[str, int]) -> dict[str, int]:
+    """/dev/shm files that appeared or changed size since ``before`` (:func:`shm_files`), with their sizes."""
+    return {name: size for name, size in shm_files().items() if before.get(name) != size}
+
+
+def job_processes(run_dir: str) -> int:
     """Processes still alive whose command line or working folder names the run's folder."""
     count = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -99,6 +135,19 @@ def _job_processes(run_dir: str) -> int:
     return count
 
 
+def _checkpoints_left(checkpoint_dir: str) -> tuple[int | None, int]:
+    """The step a resume would start from, and how many newer (half-written) checkpoint folders lie beside it."""
+    if not os.path.isdir(checkpoint_dir):
+        return None, 0
+    from verl.utils.checkpoint.checkpoint_manager import get_checkpoint_tracker_filename
+
+    tracker = get_checkpoint_tracker_filename(checkpoint_dir)
+    text = open(tracker).read().strip() if os.path.exists(tracker) else ""
+    resumes_from = int(text) if text.isdigit() else None
+    steps = [int(name.rsplit("_", 1)[1]) for name in os.listdir(checkpoint_dir) if name.startswith("global_step_")]
+    return resumes_from, sum(step > (resumes_from or 0) for step in steps)
+
+
 def _last_error(log_path: str) -> str:
     with open(log_path, errors="replace") as fh:
         lines = [line.strip() for line in fh if "Error" in line and "Warning" not in line]
@@ -109,7 +158,7 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
              stall_timeout_s: float, hang_after_s: float) -> CaseResult:  # fmt: skip
     run_dir = os.path.abspath(os.path.join(out_dir, f"{mode}-{fault}"))
     os.makedirs(run_dir, exist_ok=True)
-    shm_before = _shm_files()
+    shm_before = shm_files()
     started = time.monotonic()
     process, log_path = start_faulted_run(run_dir, model, ray_address, mode, fault, after_requests, stall_timeout_s)
     try:
@@ -120,21 +169,25 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
     stop_process_group(process, grace_s=30.0)
     time.sleep(5)  # Ray reaps the job's actors once its driver is gone
     with open(log_path, errors="replace") as fh:
-        stalled = STALL_DIAGNOSIS in fh.read()
+        text = fh.read()
+    diagnosed = any(line in text for line in DIAGNOSES)
     trained = sum(1 for record in read_steps(run_dir) if "timing_s/step" in record["data"])
     if rc is None:
         outcome = "hung"
     elif rc == 0 and trained == STEPS:
         outcome = "finished"
     else:
-        outcome = "stopped" if stalled else "failed"
-    added = {name: size for name, size in _shm_files().items() if shm_before.get(name) != size}
-    return CaseResult(mode, fault, outcome, round(seconds, 1), trained, _job_processes(run_dir), sum(added.values()),
-                      "" if outcome == "finished" else _last_error(log_path))  # fmt: skip
+        outcome = "stopped" if diagnosed else "failed"
+    added = shm_added_since(shm_before)
+    result = CaseResult(mode, fault, outcome, round(seconds, 1), trained, job_processes(run_dir), sum(added.values()),
+                        "" if outcome == "finished" else _last_error(log_path),
+                        *_checkpoints_left(os.path.join(run_dir, "checkpoints")))  # fmt: skip
+    _unmount(os.path.join(run_dir, "checkpoints"))
+    return result
 
 
 def format_table(results: list[CaseResult]) -> str:
-    faults = sorted({r.fault for r in results}, key=FAULTS.index)
+    faults = sorted({r.fault for r in results}, key=CHAOS_FAULTS.index)
     modes = [m for m in TRAINER_MODES if any(r.mode == m for r in results)]
     cell = {(r.mode, r.fault): r for r in results}
     header = "| mode | " + " | ".join(f"{fault}" for fault in faults) + " |"
@@ -148,7 +201,10 @@ def format_table(results: list[CaseResult]) -> str:
                 continue
             left = f"; left {r.leftover_processes} processes" if r.leftover_processes else ""
             shm = f"; left {r.leftover_shm_bytes / 2**20:.0f} MiB in /dev/shm" if r.leftover_shm_bytes else ""
-            cells.append(f"{r.outcome} after {r.seconds:.0f} s ({r.steps_trained}/{STEPS} steps{left}{shm})")
+            saved = f"; resumes from step {r.resumes_from}" if r.resumes_from else ""
+            partial = f"; left {r.partial_checkpoints} half-written checkpoint" if r.partial_checkpoints else ""
+            evidence = f"{r.steps_trained}/{STEPS} steps{saved}{partial}{left}{shm}"
+            cells.append(f"{r.outcome} after {r.seconds:.0f} s ({evidence})")
         lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -158,9 +214,14 @@ def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests:
     from verl_pipe.local_jobs import local_ray_head, sigterm_unwinds
     from verl_pipe.models import build_tiny_qwen2
 
-    unknown = [m for m in modes if m not in TRAINER_MODES] + [f for f in faults if f not in FAULTS]
+    unknown = [m for m in modes if m not in TRAINER_MODES] + [f for f in faults if f not in CHAOS_FAULTS]
     if unknown:
-        raise ValueError(f"unknown mode or fault {unknown[0]!r}: modes {list(TRAINER_MODES)}, faults {list(FAULTS)}")
+        raise ValueError(
+            f"unknown mode or fault {unknown[0]!r}: modes {list(TRAINER_MODES)}, faults {list(CHAOS_FAULTS)}"
+        )
+    if FULL_DISK in faults and os.geteuid() != 0:
+        raise ValueError(f"the {FULL_DISK} fault mounts a small tmpfs, which needs root: run as root or leave it out "
+                         f"(--faults {','.join(f for f in faults if f != FULL_DISK) or 'stall,kill'})")  # fmt: skip
     model = build_tiny_qwen2()
     results = []
     with sigterm_unwinds(), local_ray_head(num_cpus=16) as address:

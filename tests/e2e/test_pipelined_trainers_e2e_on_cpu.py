@@ -14,8 +14,9 @@ x 2 samples. What is checked, from each run's own records (verl's metrics and th
 * validation decodes with the waiting trainer's cores lent to the hf server, training batches without them;
 * the sample filters drop uniform-reward groups and sandbox failures before any forward pass, and a step left
   with nothing to train skips its update (the served policy does not move at that sync);
-* a run killed after step 2 and resumed (one_off_pipeline, in_flight_pipeline) validates, then trains exactly the
-  prompts of an uninterrupted run;
+* a run stopped after step 2 and resumed validates, then trains exactly the prompts of an uninterrupted run:
+  in_flight_pipeline with its driver SIGKILLed, one_off_pipeline by a full disk during step 2's checkpoint save
+  (the run names the step and the disk, and leaves the tracker on step 1 and no partial folder);
 * one-off validates before training, between steps and after the last one.
 
 (Pools larger than the cluster are refused by the trainer's start-up check: tests/trainers/test_pipeline_config_on_cpu.py.)
@@ -281,19 +282,8 @@ def test_filters_drop_uniform_groups_and_sandbox_failures_before_log_probs(
     assert shifts[1] > 10 * LOGPROB_TOL and shifts[3] > 10 * LOGPROB_TOL, shifts
 
 
-@pytest.mark.parametrize("mode", ["one_off_pipeline", "in_flight_pipeline"])
-def test_resume_after_kill_validates_then_trains_the_same_prompts(
-    mode, one_off_run, tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of
-):
-    """A run killed mid-step and resumed from its last checkpoint trains exactly the prompts of an uninterrupted run
-    (every mode consumes the dataloader in order, so one_off_run's prompts are every mode's). The resumed run
-    validates first: verl does that before re-issuing the prompts restored in flight, so a schedule that waited
-    there for an idle sampler would wait forever."""
-    uninterrupted = _prompts(_ledger(one_off_run[0]))
-    run_dir = str(tmp_path / "killed")
-    overrides = _overrides(
-        run_dir, tiny_model_path, ray_cluster, mode, "trainer.save_freq=1", "trainer.val_before_train=True"
-    )
+def _kill_after_step_2(run_dir: str, overrides: list[str], tail_of) -> None:
+    """The trainer's driver SIGKILLed once the ledger holds step 2."""
     env = dict(os.environ, VERL_PLATFORM="cpu", TOKENIZERS_PARALLELISM="false")
     ledger_path = os.path.join(run_dir, "checkpoints", "pipeline_ledger.jsonl")
     log_path = os.path.join(run_dir, "train_killed.log")
@@ -313,8 +303,59 @@ def test_resume_after_kill_validates_then_trains_the_same_prompts(
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-run; Ray reclaims the job's actors
         proc.wait()
-    killed_steps = sorted(_ledger(run_dir))
-    assert killed_steps[-1] < STEPS, "the kill must land before the end of the run"
+
+
+# Room for step 1's checkpoint of the tiny model (1.6 MB) and the ledger, not for step 2's.
+SMALL_DISK = "2500k"
+
+
+def _fill_the_disk_at_step_2(run_dir, overrides, verl_runner, small_disk, tail_of) -> None:
+    """The checkpoints live on a disk with room for one: step 2's save fails with a real ENOSPC. The run must stop
+    naming the step and the full disk, with the tracker on step 1 and no partial folder; then space is freed."""
+    checkpoints = small_disk(os.path.join(run_dir, "checkpoints"), SMALL_DISK)
+    rc, _, log = verl_runner(overrides, run_dir, timeout=600)
+    text = open(log, errors="replace").read()
+    assert rc != 0, tail_of(log)
+    assert "CheckpointSaveError: the checkpoint of step 2 was not saved" in text, tail_of(log)
+    assert "(the disk is full)" in text and "resumes from" in text, tail_of(log)
+    assert open(os.path.join(checkpoints, "latest_checkpointed_iteration.txt")).read().strip() == "1"
+    assert not os.path.exists(os.path.join(checkpoints, "global_step_2")), os.listdir(checkpoints)
+    small_disk.resize(checkpoints, "64m")
+
+
+def _assert_each_prompt_once(prompts: list, uninterrupted: list) -> None:
+    assert len(prompts) == len(set(prompts)), "a prompt trained twice after the resume"
+    assert sorted(prompts) == sorted(uninterrupted), "the resumed run lost or added prompts"
+
+
+@pytest.mark.parametrize("mode, fault", [("one_off_pipeline", "full_disk"), ("in_flight_pipeline", "kill")])
+def test_resume_after_a_fault_validates_then_trains_the_same_prompts(
+    mode, fault, one_off_run, tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, small_disk
+):
+    """A run stopped mid-run and resumed from its last checkpoint trains exactly the prompts of an uninterrupted
+    run (every mode consumes the dataloader in order, so one_off_run's prompts are every mode's). The faults: the
+    trainer's driver SIGKILLed after step 2, or a full disk during step 2's checkpoint save. The resumed run
+    validates first: verl does that before re-issuing the prompts restored in flight, so a schedule that waited
+    there for an idle sampler would wait forever. Nothing of the stopped run stays alive. The control: the same
+    check on the ledger of a resume that read the dataloader from the start (what verl does when a checkpoint has
+    no data.pt) fails."""
+    from verl_pipe.chaos import job_processes, shm_added_since, shm_files
+
+    shm_before = shm_files()
+    uninterrupted = _prompts(_ledger(one_off_run[0]))
+    run_dir = str(tmp_path / "stopped")
+    os.makedirs(run_dir)
+    overrides = _overrides(
+        run_dir, tiny_model_path, ray_cluster, mode, "trainer.save_freq=1", "trainer.val_before_train=True"
+    )
+    if fault == "kill":
+        _kill_after_step_2(run_dir, overrides, tail_of)
+        assert sorted(_ledger(run_dir))[-1] < STEPS, "the kill must land before the end of the run"
+    else:
+        _fill_the_disk_at_step_2(run_dir, overrides, verl_runner, small_disk, tail_of)
+    time.sleep(3)  # Ray reaps a job's actors once its driver is gone
+    assert job_processes(run_dir) == 0, "a process of the stopped run is still alive"
+    assert not shm_added_since(shm_before), shm_added_since(shm_before)
 
     rc, steps, log = verl_runner(overrides, run_dir, timeout=900)
     assert rc == 0, tail_of(log)
@@ -325,6 +366,8 @@ def test_resume_after_kill_validates_then_trains_the_same_prompts(
     assert any(s["step"] == at and any(k.startswith("val-") for k in s["data"]) for s in steps), tail_of(log)
     ledger = _ledger(run_dir)
     assert sorted(ledger) == list(range(1, STEPS + 1))
-    prompts = _prompts(ledger)
-    assert len(prompts) == len(set(prompts)), "a prompt trained twice after the resume"
-    assert sorted(prompts) == sorted(uninterrupted), "the resumed run lost or added prompts"
+    _assert_each_prompt_once(_prompts(ledger), uninterrupted)
+
+    from_the_start = {**ledger, at + 1: {**ledger[at + 1], "prompts": ledger[1]["prompts"]}}
+    with pytest.raises(AssertionError, match="trained twice"):
+        _assert_each_prompt_once(_prompts(from_the_start), uninterrupted)

@@ -7,7 +7,8 @@ timing slot): ``stall`` holds every request forever while the server is up and a
 server's process in the middle of its first request. With the stall watch at 5 s, each of the first two runs ends
 with one error that names the wait, what TransferQueue holds and how the replica answers (stuck, or dead). The
 control is the stalled run with the watch off (``stall_timeout_s=null``, verl's own behaviour): it is still
-waiting, with no step done, well past the point where the watch stopped the stalled run, and is then killed. (verl's own
+waiting, with no step done, well past the point where the watch stopped the stalled run, and is then killed. After
+each run, none of its processes is alive and /dev/shm holds nothing it added. (verl's own
 ``separate_async``, with its server killed the same way, was seen churning failed requests for 240 s until killed.)
 """
 
@@ -17,7 +18,7 @@ import time
 
 import pytest
 
-from verl_pipe.chaos import start_faulted_run
+from verl_pipe.chaos import job_processes, shm_added_since, shm_files, start_faulted_run
 from verl_pipe.local_jobs import read_steps, stop_process_group
 
 MODE = "one_off_pipeline"
@@ -28,12 +29,20 @@ CONTROL_GRACE_S = 15
 pytestmark = pytest.mark.timeout(600)
 
 
+def _assert_nothing_left(run_dir: str, shm_before: dict) -> None:
+    """Once the run has ended, no process of it is alive and it left nothing in /dev/shm."""
+    time.sleep(3)  # Ray reaps a job's actors once its driver is gone
+    assert job_processes(run_dir) == 0, f"a process of {run_dir} is still alive"
+    assert not shm_added_since(shm_before), shm_added_since(shm_before)
+
+
 def test_the_stall_watch_stops_a_run_whose_engine_stalled_or_died(tmp_path, tiny_model_path, ray_cluster, tail_of):
     # One run at a time: runs that wait forever hold their share of the shared cluster, and the control must not
     # keep a watched run from being placed.
     durations = {}
     cases = (("stalled", "stall", "its server answers"), ("killed", "kill", "its server is dead"))
     for name, fault, replica_says in cases:
+        shm_before = shm_files()
         started = time.monotonic()
         process, log_path = start_faulted_run(str(tmp_path / name), tiny_model_path, ray_cluster, MODE, fault,
                                               stall_timeout_s=STALL_TIMEOUT_S, steps=2)  # fmt: skip
@@ -48,6 +57,7 @@ def test_the_stall_watch_stops_a_run_whose_engine_stalled_or_died(tmp_path, tiny
         assert "while the trainer waited for 2 prompt groups of step 1" in log
         assert "0 finished" in log and f"replica 0: {replica_says}" in log, tail_of(log_path)
         assert f"trainer.v1.{MODE}.stall_timeout_s" in log
+        _assert_nothing_left(str(tmp_path / name), shm_before)
     # the control: without the watch the same stall is waited on forever. It started as the stalled run did, so
     # after that run's whole life and CONTROL_GRACE_S more it has waited CONTROL_GRACE_S past the watch's timeout.
     control, control_log = start_faulted_run(str(tmp_path / "control"), tiny_model_path, ray_cluster, MODE, "stall",
@@ -60,5 +70,6 @@ def test_the_stall_watch_stops_a_run_whose_engine_stalled_or_died(tmp_path, tiny
         assert not trained, "the control trained a step through a stalled engine"
     finally:
         stop_process_group(control, grace_s=30.0)
+    _assert_nothing_left(str(tmp_path / "control"), shm_before)
     print(f"stopped after {durations['stalled']:.0f} s (stalled) and {durations['killed']:.0f} s (killed); the "
           f"control was still waiting {CONTROL_GRACE_S} s past the watch's timeout")  # fmt: skip
