@@ -40,8 +40,11 @@ def sigterm_unwinds() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def local_ray_head(num_cpus: int = 16, start_timeout_s: float = 180.0, stop_grace_s: float = 5.0) -> Iterator[str]:
-    """Start a head with verl-pipe's CPU platform in every worker's environment; yields its address."""
+def local_ray_head(
+    num_cpus: int = 16, start_timeout_s: float = 180.0, stop_grace_s: float = 5.0, resources: dict | None = None
+) -> Iterator[str]:
+    """Start a head with verl-pipe's CPU platform in every worker's environment; yields its address. ``resources``:
+    custom resources of the head's node (e.g. one that a pool is placed by)."""
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     # Recent Ray enables token auth for new local clusters once ~/.ray/auth_token exists; this loopback-only
     # cluster and every client of it (this process, the verl jobs) agree to run without it.
@@ -57,6 +60,7 @@ def local_ray_head(num_cpus: int = 16, start_timeout_s: float = 180.0, stop_grac
         "--port=0",
         "--include-dashboard=false",
         f"--temp-dir={temp_dir}",
+        *([f"--resources={json.dumps(resources)}"] if resources else []),
     ]
     head = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     with sigterm_unwinds():  # a bench or test run stopped with SIGTERM takes its head down too
@@ -77,6 +81,43 @@ def local_ray_head(num_cpus: int = 16, start_timeout_s: float = 180.0, stop_grac
             # `ray start --block` takes ~33 s to stop gracefully; everything it started (GCS, raylet, workers) is in
             # its process group, so after a short grace the group goes at once.
             stop_process_group(head, stop_grace_s)
+
+
+@contextlib.contextmanager
+def joined_ray_node(
+    address: str, num_cpus: int, resources: dict, start_timeout_s: float = 120.0, stop_grace_s: float = 5.0
+) -> Iterator[subprocess.Popen]:
+    """A second Ray node on this machine (its own raylet and object store) joined to the head at ``address``, with
+    ``resources`` to place pools by; yields its ``ray start`` process: stopping its group takes the node down, as
+    losing a machine would."""
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
+    argv = [ray_bin, "start", f"--address={address}", "--block", f"--num-cpus={num_cpus}",
+            f"--resources={json.dumps(resources)}"]  # fmt: skip
+    node = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + start_timeout_s
+        while not _node_with(address, next(iter(resources))):
+            if node.poll() is not None:
+                raise RuntimeError(f"`ray start --address={address}` exited early with code {node.returncode}")
+            if time.time() > deadline:
+                raise RuntimeError(f"the Ray node with {resources} did not join within {start_timeout_s:.0f} s")
+            time.sleep(1.0)
+        yield node
+    finally:
+        stop_process_group(node, stop_grace_s)
+
+
+def _node_with(address: str, resource: str) -> bool:
+    """Whether an alive node of the cluster at ``address`` has ``resource`` (asked from a child: this process stays
+    out of the cluster)."""
+    probe = (
+        "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+        "print(any(n['Alive'] and sys.argv[2] in n['Resources'] for n in ray.nodes()))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, address, resource], capture_output=True, text=True,
+                          env=dict(os.environ, RAY_AUTH_MODE="disabled"))  # fmt: skip
+    return done.stdout.strip().endswith("True")
 
 
 def stop_process_group(process: subprocess.Popen, grace_s: float) -> None:

@@ -107,6 +107,25 @@ VLLM_ON_CPU = PatchGroup(
     ),
 )
 
+SEVERAL_NODES = PatchGroup(
+    title="Pools on named Ray nodes (`VERL_PIPE_POOL_NODES`)",
+    note="verl places each pool wherever its bundles fit first; on a cluster of several nodes these put the trainer "
+    "pool and the sampler pool on the nodes named by a custom resource.",
+    patches=(
+        VerlPatch(
+            name="pool_node_resources",
+            target="verl.single_controller.ray.base:ResourcePoolManager.create_resource_pool",
+            fingerprint="name_prefix=resource_pool_name,",
+            why="the pool manager builds every pool without an `accelerator_type`, the one bundle entry by which a "
+            "pool can ask for a node's custom resource; each pool then lands wherever it fits",
+            upstream="a per-pool resource (or node label) in the pool spec, passed to `RayResourcePool`",
+            apply="verl_pipe.backends.cpu.pool_nodes:_patch_pool_node_resources",
+            trigger=AT_PLUGIN_LOAD,
+            when="cpu platform",
+        ),
+    ),
+)
+
 SEPARATE_POOLS = PatchGroup(
     title="verl's separate-pool path (`separate_async` with `hybrid_engine=False`, and our pipelined modes)",
     note="",
@@ -268,6 +287,8 @@ PRIVATE_STATE = PatchGroup(
     ),
 )
 
-GROUPS: tuple[PatchGroup, ...] = (CPU_BACKEND, VLLM_ON_CPU, SEPARATE_POOLS, GRPO_PLUS, STEP_METRICS, PRIVATE_STATE)
+GROUPS: tuple[PatchGroup, ...] = (
+    CPU_BACKEND, VLLM_ON_CPU, SEVERAL_NODES, SEPARATE_POOLS, GRPO_PLUS, STEP_METRICS, PRIVATE_STATE
+)
 PATCHES: tuple[VerlPatch, ...] = flatten(GROUPS)
 BY_NAME: dict[str, VerlPatch] = {patch.name: patch for patch in PATCHES}

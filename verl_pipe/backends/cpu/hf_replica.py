@@ -16,6 +16,7 @@ from typing import Any, AsyncGenerator, Generator
 
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
@@ -50,11 +51,15 @@ class HFReplica(RolloutReplica):
 
     async def launch_servers(self):
         name = server_actor_name(self.replica_rank, self.is_reward_model, self.name_suffix)
+        # On the node of the replica's worker, as verl places its vLLM servers: left to Ray, the server would start
+        # beside whoever creates it (the trainer's node), away from its pool.
+        node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
         server_cls = ray.remote(HFRolloutServer)
         server = server_cls.options(
             name=name,
             num_cpus=0,
             max_concurrency=self.max_concurrency,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
         self.servers = [server]
         address, _ = await server.get_server_address.remote()

@@ -1,0 +1,153 @@
+"""A pipelined run across two Ray nodes: the trainer pool on one, the sampler pool on the other, so the weight sync
+(gloo), TransferQueue and the rollout requests cross nodes; then the sampler's node is lost mid-run.
+
+The cluster is two raylets on this machine, each with its own object store and a custom resource
+(:func:`verl_pipe.local_jobs.joined_ray_node`), and ``VERL_PIPE_POOL_NODES`` places each pool by it
+(:mod:`verl_pipe.backends.cpu.pool_nodes`). What is checked, from Ray's actor table and the run's own records:
+
+* every trainer worker ran on the trainer's node, every rollout worker and the hf server on the sampler's node;
+* one_off_pipeline trained its steps (at least three), each after the first on samples exactly one version old (so
+  each sync crossed), each prompt once;
+* then the sampler's node is lost (its raylet and every process on it killed at once): the run ends within bounded
+  time, and no process of it outlives it. (Ray places the actors verl starts without a pool, its TaskRunner and
+  TransferQueue among them, on either node: the run may die with Ray's ``ActorUnavailableError`` rather than a
+  diagnosis of ours.)
+
+The control of the placement (without the setting no pool asks for a node) is tests/backends/test_pool_nodes_on_cpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from verl_pipe.backends.cpu.pool_nodes import POOL_NODES_ENV
+from verl_pipe.chaos import job_processes
+from verl_pipe.data.embedded import write_embedded_dataset
+from verl_pipe.local_jobs import job_env, joined_ray_node, local_ray_head, stop_process_group
+from verl_pipe.quickstart import QuickstartConfig, training_overrides
+
+MODE = "one_off_pipeline"
+TRAINER_NODE, SAMPLER_NODE = "verl_pipe_trainer_node", "verl_pipe_sampler_node"
+# The sampler's node is lost once 3 steps are trained (step 3 trained samples of v1, synced across the nodes). A step
+# takes well under a second here, so the run is long (the embedded set's 40 prompts, once): it cannot be over before
+# the loss tells.
+STEPS, TRAINED_BEFORE_THE_LOSS = 20, 3
+STALL_TIMEOUT_S = 10
+# Ray declares a node dead after missing its health checks for about 15 s; the run must end soon after.
+NODE_LOSS_END_S = 120
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """(the head's address, the sampler node's ``ray start`` process)."""
+    with local_ray_head(num_cpus=8, resources={TRAINER_NODE: 1000}) as address:
+        with joined_ray_node(address, num_cpus=8, resources={SAMPLER_NODE: 1000}) as sampler_node:
+            yield address, sampler_node
+
+
+def _cluster_state(address: str) -> dict:
+    """Ray's node and actor tables (actors of ended jobs included), read from a child process."""
+    probe = """
+import json, sys, ray
+from ray._private.state import actors
+ray.init(address=sys.argv[1], logging_level="ERROR")
+nodes = {n["NodeID"]: sorted(r for r in n["Resources"] if r.startswith("verl_pipe_")) for n in ray.nodes()}
+idle = ray.available_resources().get("CPU", 0) == ray.cluster_resources().get("CPU", 0)
+table = [{"id": i, "class": a["ActorClassName"], "node": a["Address"]["NodeID"]} for i, a in actors().items()]
+print(json.dumps({"nodes": nodes, "actors": table, "idle": idle}))
+"""
+    done = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True, check=True,
+                          env=dict(os.environ, RAY_AUTH_MODE="disabled"))  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _wait_idle(address: str, timeout_s: float = 60.0) -> dict:
+    """The cluster once every CPU is free again (the actors of an earlier job reaped)."""
+    deadline = time.monotonic() + timeout_s
+    while not (state := _cluster_state(address))["idle"]:
+        assert time.monotonic() < deadline, "the cluster still holds an earlier job's actors"
+        time.sleep(1.0)
+    return state
+
+
+def _overrides(run_dir: str, model: str, address: str, pinned: bool) -> list[str]:
+    cfg = QuickstartConfig(data="embedded", model=model, mode=MODE, algorithm="grpo", steps=STEPS, prompts_per_step=2,
+                           samples_per_prompt=2, max_response_length=8, validate_at_end=False, ray_address=address,
+                           out_dir=run_dir)  # fmt: skip
+    train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
+    overrides = training_overrides(cfg, model, train_file, val_file, run_dir) + [
+        "trainer.val_before_train=False",
+        f"+trainer.v1.{MODE}.stall_timeout_s={STALL_TIMEOUT_S}",
+    ]
+    if pinned:
+        placement = f"trainer={TRAINER_NODE},sampler={SAMPLER_NODE}"
+        overrides.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{POOL_NODES_ENV}='{placement}'")
+    return overrides
+
+
+def _ledger(run_dir: str) -> list[dict]:
+    with open(os.path.join(run_dir, "checkpoints", "pipeline_ledger.jsonl")) as handle:
+        return [json.loads(line) for line in handle]
+
+
+def _new_actors(before: dict, after: dict) -> list[tuple[str, str]]:
+    """(class, node resource) of each actor in ``after`` that ``before`` did not have."""
+    seen = {actor["id"] for actor in before["actors"]}
+    placed = []
+    for actor in after["actors"]:
+        if actor["id"] not in seen:
+            resources = after["nodes"].get(actor["node"]) or ["?"]
+            placed.append((actor["class"].rsplit(".", 1)[-1], resources[0]))
+    return placed
+
+
+def test_pools_on_two_nodes_train_across_them_until_the_sampler_node_is_lost(
+    two_nodes, tmp_path, tiny_model_path, tail_of
+):
+    address, sampler_node = two_nodes
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    log_path = os.path.join(run_dir, "train.log")
+    before = _wait_idle(address)
+    with open(log_path, "w") as log:
+        run = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo",
+                                *_overrides(run_dir, tiny_model_path, address, pinned=True)], cwd=run_dir,
+                               env=dict(os.environ, **job_env(run_dir)), stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    ledger_path = os.path.join(run_dir, "checkpoints", "pipeline_ledger.jsonl")
+    try:
+        deadline = time.monotonic() + 400
+        while not (os.path.exists(ledger_path) and len(_ledger(run_dir)) >= TRAINED_BEFORE_THE_LOSS):
+            assert run.poll() is None and time.monotonic() < deadline, tail_of(log_path)
+            time.sleep(0.2)
+        placed = _new_actors(before, _cluster_state(address))
+        stop_process_group(sampler_node, grace_s=0)  # the node's raylet and every process on it, at once
+        lost_at = time.monotonic()
+        rc = run.wait(timeout=NODE_LOSS_END_S)
+        ended_after = time.monotonic() - lost_at
+    finally:
+        stop_process_group(run, grace_s=10)
+
+    where = {cls: {node for c, node in placed if c == cls} for cls, _ in placed}
+    assert where["WorkerDict"] == {TRAINER_NODE}, placed  # the trainer's FSDP ranks
+    assert where["CheckpointEngineWorker"] == where["HFRolloutServer"] == {SAMPLER_NODE}, placed
+    ledger = _ledger(run_dir)
+    assert ledger[0]["sample_versions"] == [[0, 0]], ledger
+    assert len(ledger) >= TRAINED_BEFORE_THE_LOSS
+    for row in ledger[1:]:  # trained on samples of weights synced across the nodes
+        assert row["sample_versions"] == [[row["step"] - 2, row["step"] - 2]], row
+    prompts = [p for row in ledger for p in row["prompts"]]
+    assert len(prompts) == len(set(prompts)), ledger
+
+    assert rc != 0 and len(ledger) < STEPS, tail_of(log_path)
+    time.sleep(3)  # Ray reaps a job's actors once its driver is gone
+    assert job_processes(run_dir) == 0, "a process of the run outlived it"
+    print(f"the run ended {ended_after:.0f} s after its sampler's node was lost")
