@@ -41,3 +41,14 @@ def test_the_full_disk_cells_say_where_a_resume_starts_and_what_was_left_half_wr
     assert table[2] == "| `sync` | failed after 48 s (1/3 steps; resumes from step 1; left 1 half-written checkpoint) |"
     assert table[3] == "| `one_off_pipeline` | stopped after 46 s (1/3 steps; resumes from step 1) |"
     assert _checkpoints_left(str(tmp_path / "none")) == (None, 0)
+
+
+def test_a_node_loss_cell_counts_its_own_steps_and_a_one_pool_mode_has_none():
+    results = [
+        CaseResult("sync", "stall", "hung", 180.0, 0, 0, 0),
+        CaseResult("one_off_pipeline", "node_loss", "failed", 52.0, 3, 0, 0, "ActorUnavailableError", steps_planned=20),
+    ]
+    table = format_table(results).splitlines()
+    assert table[0] == "| mode | stall | node_loss |"
+    assert table[2] == "| `sync` | hung after 180 s (0/3 steps) | - |"
+    assert table[3] == "| `one_off_pipeline` | - | failed after 52 s (3/20 steps) |"

@@ -8,10 +8,12 @@ steps) on one private Ray head. The engine faults come from the servers' timing 
 * ``stall``: the engine stops making progress, its server up and answering;
 * ``kill``: the server's process is killed (SIGKILL) in the middle of a request;
 
-and the disk fault:
+and the disk and node faults:
 
 * ``full_disk``: the checkpoints go to a tmpfs with room for one (root only), saved after every step, so the second
-  save meets a real ENOSPC.
+  save meets a real ENOSPC;
+* ``node_loss``: the sampler pool runs on a second Ray node of this machine (``VERL_PIPE_POOL_NODES``), which is
+  lost (its raylet and every process on it killed at once) after two trained steps. Modes with separate pools only.
 
 Each run ends one of four ways: ``finished`` (every step trained), ``stopped`` (it ended with one of verl-pipe's
 diagnoses: the stall watch's, or the failed checkpoint save's), ``failed`` (it ended with another error), or
@@ -22,6 +24,7 @@ left. Our modes carry the stall watch (``stall_timeout_s``); verl's ``sync`` and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -31,14 +34,19 @@ from dataclasses import asdict, dataclass
 
 from verl_pipe.backends.cpu.faults import AFTER_REQUESTS_ENV, FAULT_ENV, FAULTS
 from verl_pipe.backends.cpu.generation_timing import GENERATION_TIMING_ENV
+from verl_pipe.backends.cpu.pool_nodes import POOL_NODES_ENV
 from verl_pipe.local_jobs import job_env, read_steps, stop_process_group
 from verl_pipe.trainer_modes import TRAINER_MODES
 
 # The lines with which verl-pipe stops a run it diagnosed (trainers.stall_watch, trainers.checkpoint_guard).
 DIAGNOSES = ("the sampler made no progress for", "CheckpointSaveError: the checkpoint of step")
 STEPS = 3
-FULL_DISK = "full_disk"
-CHAOS_FAULTS = (*FAULTS, FULL_DISK)
+FULL_DISK, NODE_LOSS = "full_disk", "node_loss"
+CHAOS_FAULTS = (*FAULTS, FULL_DISK, NODE_LOSS)
+TRAINER_NODE, SAMPLER_NODE = "verl_pipe_trainer_node", "verl_pipe_sampler_node"
+# A step of the tiny model takes under a second: a node-loss run goes through the embedded set's 40 prompts once, so
+# it cannot be over before the loss tells.
+NODE_LOSS_STEPS = 20
 # Room for the first checkpoint of the tiny model (1.6 MB) and the run's ledger, not for the second.
 SMALL_DISK = "2500k"
 
@@ -55,6 +63,7 @@ class CaseResult:
     error: str = ""  # the run's last error line
     resumes_from: int | None = None  # the step its checkpoint tracker names (None: no tracker)
     partial_checkpoints: int = 0  # global_step_<N> folders newer than the tracker's: half-written saves left behind
+    steps_planned: int = STEPS
 
 
 def start_faulted_run(
@@ -75,6 +84,8 @@ def start_faulted_run(
     if fault == FULL_DISK:
         worker_env = {}
         _mount_small_disk(os.path.join(run_dir, "checkpoints"))
+    if fault == NODE_LOSS:
+        worker_env = {POOL_NODES_ENV: f"'trainer={TRAINER_NODE},sampler={SAMPLER_NODE}'"}
     overrides = training_overrides(cfg, model, train_file, val_file, run_dir) + [
         "trainer.val_before_train=False",
         *(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={value}" for name, value in worker_env.items()),
@@ -120,6 +131,14 @@ def shm_added_since(before: dict[str, int]) -> dict[str, int]:
     return {name: size for name, size in shm_files().items() if before.get(name) != size}
 
 
+def shm_left_since(before: dict[str, int], within_s: float = 10.0) -> dict[str, int]:
+    """What :func:`shm_added_since` still finds once the run's processes had ``within_s`` to remove their files."""
+    deadline = time.monotonic() + within_s
+    while (added := shm_added_since(before)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return added
+
+
 def job_processes(run_dir: str) -> int:
     """Processes still alive whose command line or working folder names the run's folder."""
     count = 0
@@ -133,6 +152,14 @@ def job_processes(run_dir: str) -> int:
         if run_dir in cmdline or cwd == run_dir:
             count += 1
     return count
+
+
+def processes_left(run_dir: str, within_s: float = 10.0) -> int:
+    """The run's processes still alive once Ray had ``within_s`` to reap them (it does so after the driver is gone)."""
+    deadline = time.monotonic() + within_s
+    while (alive := job_processes(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return alive
 
 
 def _checkpoints_left(checkpoint_dir: str) -> tuple[int | None, int]:
@@ -154,34 +181,55 @@ def _last_error(log_path: str) -> str:
     return lines[-1][-300:] if lines else ""
 
 
+def _trained_steps(run_dir: str) -> int:
+    return sum(1 for record in read_steps(run_dir) if "timing_s/step" in record["data"])
+
+
+def _lose_the_sampler_node_after(process: subprocess.Popen, run_dir: str, node: subprocess.Popen, steps: int,
+                                 timeout_s: float) -> None:  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while _trained_steps(run_dir) < steps and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stop_process_group(node, grace_s=0)  # its raylet and every process on it, at once
+
+
 def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, after_requests: int,
              stall_timeout_s: float, hang_after_s: float) -> CaseResult:  # fmt: skip
+    from verl_pipe.local_jobs import joined_ray_node
+
     run_dir = os.path.abspath(os.path.join(out_dir, f"{mode}-{fault}"))
     os.makedirs(run_dir, exist_ok=True)
+    steps = NODE_LOSS_STEPS if fault == NODE_LOSS else STEPS
     shm_before = shm_files()
-    started = time.monotonic()
-    process, log_path = start_faulted_run(run_dir, model, ray_address, mode, fault, after_requests, stall_timeout_s)
-    try:
-        rc = process.wait(timeout=hang_after_s)
-    except subprocess.TimeoutExpired:
-        rc = None
-    seconds = time.monotonic() - started
-    stop_process_group(process, grace_s=30.0)
+    with contextlib.ExitStack() as stack:
+        if fault == NODE_LOSS:  # a fresh sampler node for each case: the last one was lost
+            node = stack.enter_context(joined_ray_node(ray_address, num_cpus=8, resources={SAMPLER_NODE: 1000}))
+        started = time.monotonic()
+        process, log_path = start_faulted_run(run_dir, model, ray_address, mode, fault, after_requests,
+                                              stall_timeout_s, steps=steps)  # fmt: skip
+        if fault == NODE_LOSS:
+            _lose_the_sampler_node_after(process, run_dir, node, 2, hang_after_s)
+        try:
+            rc = process.wait(timeout=max(1.0, hang_after_s - (time.monotonic() - started)))
+        except subprocess.TimeoutExpired:
+            rc = None
+        seconds = time.monotonic() - started
+        stop_process_group(process, grace_s=30.0)
     time.sleep(5)  # Ray reaps the job's actors once its driver is gone
     with open(log_path, errors="replace") as fh:
         text = fh.read()
     diagnosed = any(line in text for line in DIAGNOSES)
-    trained = sum(1 for record in read_steps(run_dir) if "timing_s/step" in record["data"])
+    trained = _trained_steps(run_dir)
     if rc is None:
         outcome = "hung"
-    elif rc == 0 and trained == STEPS:
+    elif rc == 0 and trained == steps:
         outcome = "finished"
     else:
         outcome = "stopped" if diagnosed else "failed"
     added = shm_added_since(shm_before)
     result = CaseResult(mode, fault, outcome, round(seconds, 1), trained, job_processes(run_dir), sum(added.values()),
                         "" if outcome == "finished" else _last_error(log_path),
-                        *_checkpoints_left(os.path.join(run_dir, "checkpoints")))  # fmt: skip
+                        *_checkpoints_left(os.path.join(run_dir, "checkpoints")), steps_planned=steps)  # fmt: skip
     _unmount(os.path.join(run_dir, "checkpoints"))
     return result
 
@@ -203,7 +251,7 @@ def format_table(results: list[CaseResult]) -> str:
             shm = f"; left {r.leftover_shm_bytes / 2**20:.0f} MiB in /dev/shm" if r.leftover_shm_bytes else ""
             saved = f"; resumes from step {r.resumes_from}" if r.resumes_from else ""
             partial = f"; left {r.partial_checkpoints} half-written checkpoint" if r.partial_checkpoints else ""
-            evidence = f"{r.steps_trained}/{STEPS} steps{saved}{partial}{left}{shm}"
+            evidence = f"{r.steps_trained}/{r.steps_planned} steps{saved}{partial}{left}{shm}"
             cells.append(f"{r.outcome} after {r.seconds:.0f} s ({evidence})")
         lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -224,9 +272,12 @@ def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests:
                          f"(--faults {','.join(f for f in faults if f != FULL_DISK) or 'stall,kill'})")  # fmt: skip
     model = build_tiny_qwen2()
     results = []
-    with sigterm_unwinds(), local_ray_head(num_cpus=16) as address:
+    # the head carries the trainer's node resource: the node_loss cases place their trainer pool by it
+    with sigterm_unwinds(), local_ray_head(num_cpus=16, resources={TRAINER_NODE: 1000}) as address:
         for fault in faults:
             for mode in modes:
+                if fault == NODE_LOSS and not TRAINER_MODES[mode].separate_pools:
+                    continue  # one pool: there is no sampler's node to lose
                 result = run_case(mode, fault, model, address, out_dir, after_requests, stall_timeout_s, hang_after_s)
                 print(f"{mode} / {fault}: {result.outcome} after {result.seconds:.0f} s", flush=True)
                 results.append(result)

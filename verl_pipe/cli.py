@@ -388,13 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_command(sub)
 
     chaos = sub.add_parser(
-        "chaos", help="every trainer mode with a fault injected (its rollout engine, its checkpoint disk), and what "
-        "became of the run"
+        "chaos", help="every trainer mode with a fault injected (its rollout engine, its checkpoint disk, its "
+        "sampler's node), and what became of the run"
     )
     chaos.add_argument("--modes", default=",".join(TRAINER_MODES), help="comma-separated trainer modes (default: all)")
-    chaos.add_argument("--faults", default="stall,kill,full_disk", help="comma-separated: stall (engine stops, server "
-                       "answers), kill (server SIGKILLed mid-request), full_disk (checkpoints on a tmpfs with room for "
-                       "one; needs root)")
+    chaos.add_argument("--faults", default="stall,kill,full_disk,node_loss", help="comma-separated: stall (engine "
+                       "stops, server answers), kill (server SIGKILLed mid-request), full_disk (checkpoints on a tmpfs "
+                       "with room for one; needs root), node_loss (the sampler pool's Ray node lost mid-run)")
     chaos.add_argument("--after", type=int, default=2, help="requests each replica serves before the fault (default 2)")
     chaos.add_argument("--stall-timeout-s", dest="stall_timeout_s", type=float, default=10.0,
                        help="our modes' trainer.v1.<mode>.stall_timeout_s (default 10)")
