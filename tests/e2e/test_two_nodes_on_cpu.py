@@ -26,11 +26,8 @@ import time
 
 import pytest
 
-from verl_pipe.backends.cpu.pool_nodes import POOL_NODES_ENV
-from verl_pipe.chaos import SAMPLER_NODE, TRAINER_NODE, processes_left
-from verl_pipe.data.embedded import write_embedded_dataset
-from verl_pipe.local_jobs import job_env, joined_ray_node, local_ray_head, stop_process_group
-from verl_pipe.quickstart import QuickstartConfig, training_overrides
+from verl_pipe.chaos import NODE_LOSS, SAMPLER_NODE, TRAINER_NODE, processes_left, start_faulted_run
+from verl_pipe.local_jobs import joined_ray_node, local_ray_head, stop_process_group
 
 MODE = "one_off_pipeline"
 # The sampler's node is lost once 3 steps are trained (step 3 trained samples of v1, synced across the nodes). A step
@@ -77,21 +74,6 @@ def _wait_idle(address: str, timeout_s: float = 60.0) -> dict:
     return state
 
 
-def _overrides(run_dir: str, model: str, address: str, pinned: bool) -> list[str]:
-    cfg = QuickstartConfig(data="embedded", model=model, mode=MODE, algorithm="grpo", steps=STEPS, prompts_per_step=2,
-                           samples_per_prompt=2, max_response_length=8, validate_at_end=False, ray_address=address,
-                           out_dir=run_dir)  # fmt: skip
-    train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
-    overrides = training_overrides(cfg, model, train_file, val_file, run_dir) + [
-        "trainer.val_before_train=False",
-        f"+trainer.v1.{MODE}.stall_timeout_s={STALL_TIMEOUT_S}",
-    ]
-    if pinned:
-        placement = f"trainer={TRAINER_NODE},sampler={SAMPLER_NODE}"
-        overrides.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{POOL_NODES_ENV}='{placement}'")
-    return overrides
-
-
 def _ledger(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "checkpoints", "pipeline_ledger.jsonl")) as handle:
         return [json.loads(line) for line in handle]
@@ -114,13 +96,10 @@ def test_pools_on_two_nodes_train_across_them_until_the_sampler_node_is_lost(
     address, sampler_node = two_nodes
     run_dir = str(tmp_path / "run")
     os.makedirs(run_dir)
-    log_path = os.path.join(run_dir, "train.log")
     before = _wait_idle(address)
-    with open(log_path, "w") as log:
-        run = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo",
-                                *_overrides(run_dir, tiny_model_path, address, pinned=True)], cwd=run_dir,
-                               env=dict(os.environ, **job_env(run_dir)), stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)  # fmt: skip
+    # chaos's node_loss run: the embedded set, 2 prompts x 2 samples, the pools placed by VERL_PIPE_POOL_NODES
+    run, log_path = start_faulted_run(run_dir, tiny_model_path, address, MODE, NODE_LOSS,
+                                      stall_timeout_s=STALL_TIMEOUT_S, steps=STEPS)  # fmt: skip
     ledger_path = os.path.join(run_dir, "checkpoints", "pipeline_ledger.jsonl")
     try:
         deadline = time.monotonic() + 400
