@@ -78,22 +78,19 @@ def small_disk():
     """``mount(path, size)``: a tmpfs of ``size`` (e.g. ``"2500k"``) at ``path``, for a full disk with real ENOSPC;
     ``resize(path, size)`` grows it (the operator freeing space). Unmounted after the test. Needs root (CI runs as
     root); elsewhere the test is skipped, saying so."""
-    import subprocess
+    from verl_pipe.chaos import mount_small_disk, resize_small_disk, unmount
 
     mounted: list[str] = []
 
     def mount(path: str, size: str) -> str:
-        os.makedirs(path, exist_ok=True)
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True)
-        if done.returncode != 0:
-            pytest.skip(f"a small disk needs `mount -t tmpfs` (root): {done.stderr.decode().strip()}")
+        try:
+            mount_small_disk(path, size)
+        except PermissionError as error:
+            pytest.skip(str(error))
         mounted.append(path)
         return path
 
-    def resize(path: str, size: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={size}", path], check=True, capture_output=True)
-
-    mount.resize = resize
+    mount.resize = resize_small_disk
     yield mount
     for path in reversed(mounted):
-        subprocess.run(["umount", "--lazy", path], capture_output=True)
+        unmount(path)

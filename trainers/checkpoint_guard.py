@@ -25,7 +25,9 @@ import shutil
 
 logger = logging.getLogger("verl_pipe")
 
-TRACKER = "latest_checkpointed_iteration.txt"  # verl's name (verl.utils.checkpoint.checkpoint_manager)
+from verl.utils.checkpoint.checkpoint_manager import get_checkpoint_tracker_filename
+
+TRACKER = os.path.basename(get_checkpoint_tracker_filename(""))  # verl's name for it
 
 
 class CheckpointSaveError(RuntimeError):
@@ -42,7 +44,7 @@ def step_folder(checkpoint_dir: str, step: int) -> str:
 
 def read_tracker(checkpoint_dir: str) -> int | None:
     """The step the tracker names; None when there is no tracker. Raises on one that names no step."""
-    path = os.path.join(checkpoint_dir, TRACKER)
+    path = get_checkpoint_tracker_filename(checkpoint_dir)
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8", errors="replace") as handle:
@@ -56,7 +58,7 @@ def read_tracker(checkpoint_dir: str) -> int | None:
 
 
 def _write_tracker(checkpoint_dir: str, step: int) -> None:
-    path = os.path.join(checkpoint_dir, TRACKER)
+    path = get_checkpoint_tracker_filename(checkpoint_dir)
     temporary = path + ".tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
         handle.write(str(step))
@@ -72,7 +74,7 @@ def check_resumable(checkpoint_dir: str) -> int | None:
     folder = step_folder(checkpoint_dir, step)
     if not os.path.isdir(folder):
         raise CheckpointTrackerError(
-            f"{os.path.join(checkpoint_dir, TRACKER)} names step {step}, but {folder} does not exist: resuming "
+            f"{get_checkpoint_tracker_filename(checkpoint_dir)} names step {step}, but {folder} does not exist: resuming "
             f"would silently train from scratch. Restore that folder, point the tracker at a complete global_step_<N> "
             f"folder, or set trainer.resume_mode=disable to start over"
         )

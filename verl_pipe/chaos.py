@@ -83,7 +83,7 @@ def start_faulted_run(
                   AFTER_REQUESTS_ENV: f"'{after_requests}'"}  # fmt: skip
     if fault == FULL_DISK:
         worker_env = {}
-        _mount_small_disk(os.path.join(run_dir, "checkpoints"))
+        mount_small_disk(os.path.join(run_dir, "checkpoints"))
     if fault == NODE_LOSS:
         worker_env = {POOL_NODES_ENV: f"'trainer={TRAINER_NODE},sampler={SAMPLER_NODE}'"}
     overrides = training_overrides(cfg, model, train_file, val_file, run_dir) + [
@@ -103,15 +103,20 @@ def start_faulted_run(
     return process, log_path
 
 
-def _mount_small_disk(path: str) -> None:
+def mount_small_disk(path: str, size: str = SMALL_DISK) -> None:
+    """A tmpfs of ``size`` (e.g. ``"2500k"``) at ``path``: a disk that fills with a real ENOSPC. Needs root."""
     os.makedirs(path, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK}", "tmpfs", path], capture_output=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True)
     if done.returncode != 0:
-        raise RuntimeError(f"the {FULL_DISK} fault mounts a small tmpfs at {path}, which needs root: "
-                           f"{done.stderr.decode().strip()}; leave {FULL_DISK} out of --faults")  # fmt: skip
+        reason = done.stderr.decode().strip()
+        raise PermissionError(f"a small disk at {path} is a tmpfs mount, which needs root: {reason}")
 
 
-def _unmount(path: str) -> None:
+def resize_small_disk(path: str, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", path], check=True, capture_output=True)
+
+
+def unmount(path: str) -> None:
     if os.path.ismount(path):
         subprocess.run(["umount", "--lazy", path], capture_output=True)
 
@@ -164,13 +169,14 @@ def processes_left(run_dir: str, within_s: float = 10.0) -> int:
 
 def _checkpoints_left(checkpoint_dir: str) -> tuple[int | None, int]:
     """The step a resume would start from, and how many newer (half-written) checkpoint folders lie beside it."""
+    from verl_pipe.trainers.checkpoint_guard import CheckpointTrackerError, read_tracker
+
     if not os.path.isdir(checkpoint_dir):
         return None, 0
-    from verl.utils.checkpoint.checkpoint_manager import get_checkpoint_tracker_filename
-
-    tracker = get_checkpoint_tracker_filename(checkpoint_dir)
-    text = open(tracker).read().strip() if os.path.exists(tracker) else ""
-    resumes_from = int(text) if text.isdigit() else None
+    try:
+        resumes_from = read_tracker(checkpoint_dir)
+    except CheckpointTrackerError:
+        resumes_from = None
     steps = [int(name.rsplit("_", 1)[1]) for name in os.listdir(checkpoint_dir) if name.startswith("global_step_")]
     return resumes_from, sum(step > (resumes_from or 0) for step in steps)
 
@@ -215,7 +221,6 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
             rc = None
         seconds = time.monotonic() - started
         stop_process_group(process, grace_s=30.0)
-    time.sleep(5)  # Ray reaps the job's actors once its driver is gone
     with open(log_path, errors="replace") as fh:
         text = fh.read()
     diagnosed = any(line in text for line in DIAGNOSES)
@@ -226,11 +231,12 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
         outcome = "finished"
     else:
         outcome = "stopped" if diagnosed else "failed"
-    added = shm_added_since(shm_before)
-    result = CaseResult(mode, fault, outcome, round(seconds, 1), trained, job_processes(run_dir), sum(added.values()),
+    left = processes_left(run_dir)  # Ray reaps the job's actors once its driver is gone
+    added = shm_left_since(shm_before)
+    result = CaseResult(mode, fault, outcome, round(seconds, 1), trained, left, sum(added.values()),
                         "" if outcome == "finished" else _last_error(log_path),
                         *_checkpoints_left(os.path.join(run_dir, "checkpoints")), steps_planned=steps)  # fmt: skip
-    _unmount(os.path.join(run_dir, "checkpoints"))
+    unmount(os.path.join(run_dir, "checkpoints"))
     return result
 
 
