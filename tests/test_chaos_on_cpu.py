@@ -46,9 +46,73 @@ def test_the_full_disk_cells_say_where_a_resume_starts_and_what_was_left_half_wr
 def test_a_node_loss_cell_counts_its_own_steps_and_a_one_pool_mode_has_none():
     results = [
         CaseResult("sync", "stall", "hung", 180.0, 0, 0, 0),
-        CaseResult("one_off_pipeline", "node_loss", "failed", 52.0, 3, 0, 0, "ActorUnavailableError", steps_planned=20),
+        CaseResult("one_off_pipeline", "node_loss", "stopped", 52.0, 3, 0, 0, "LostNodeError", steps_planned=20,
+                   after_fault_s=18.2),  # fmt: skip
     ]
     table = format_table(results).splitlines()
     assert table[0] == "| mode | stall | node_loss |"
     assert table[2] == "| `sync` | hung after 180 s (0/3 steps) | - |"
-    assert table[3] == "| `one_off_pipeline` | - | failed after 52 s (3/20 steps) |"
+    assert table[3] == "| `one_off_pipeline` | - | stopped after 52 s, 18 s after the fault (3/20 steps) |"
+
+
+def _write_ledger(run_dir, rows) -> None:
+    """Ledger lines in the pipelined modes' schema (trainers/step_ledger.py), trimmed to the fields chaos reads."""
+    import json
+    import os
+
+    os.makedirs(run_dir / "checkpoints", exist_ok=True)
+    with open(run_dir / "checkpoints" / "pipeline_ledger.jsonl", "w") as fh:
+        for step, prompts in rows:
+            fh.write(json.dumps({"step": step, "mode": "one_off_pipeline", "prompts": prompts}) + "\n")
+
+
+def test_a_resumed_ledger_is_compared_with_the_uninterrupted_run(tmp_path):
+    from verl_pipe.chaos import compare_prompts, trained_prompts
+
+    uninterrupted = [0, 1, 2, 3, 4, 5]
+    # killed after step 2, resumed from step 1: step 2 is trained again, and its second record is the one that counts
+    _write_ledger(tmp_path, [(1, [0, 1]), (2, [2, 3]), (2, [2, 3]), (3, [4, 5])])
+    assert trained_prompts(str(tmp_path)) == uninterrupted
+    assert compare_prompts(trained_prompts(str(tmp_path)), uninterrupted) == (0, 0, 0)
+    # the control: a resume that read the dataloader from the start trains step 1's prompts again and loses 4 and 5
+    _write_ledger(tmp_path, [(1, [0, 1]), (2, [2, 3]), (3, [0, 1])])
+    assert compare_prompts(trained_prompts(str(tmp_path)), uninterrupted) == (2, 2, 0)
+    assert compare_prompts([0, 1, 2, 3, 4, 9], uninterrupted) == (1, 0, 1)
+    assert trained_prompts(str(tmp_path / "no_ledger")) is None  # verl's own modes keep none
+
+
+def test_a_driver_kill_cell_says_where_the_rerun_resumed_and_what_it_lost():
+    results = [
+        CaseResult("sync", "driver_kill", "resumed", 51.0, 3, 0, 0, resumes_from=2),
+        CaseResult("one_off_pipeline", "driver_kill", "resumed", 47.0, 3, 0, 0, resumes_from=2, prompts_lost=0,
+                   prompts_twice=0, prompts_foreign=0),  # fmt: skip
+        CaseResult("in_flight_pipeline", "driver_kill", "failed", 30.0, 2, 0, 0, "ValueError", prompts_lost=2,
+                   prompts_twice=1, prompts_foreign=1),  # fmt: skip
+    ]
+    table = format_table(results).splitlines()
+    assert table[0] == "| mode | driver_kill |"
+    assert table[2] == ("| `sync` | resumed after 51 s (3/3 steps; resumed from step 2; prompts not compared (the mode "
+                        "keeps no ledger)) |")  # fmt: skip
+    assert table[3] == ("| `one_off_pipeline` | resumed after 47 s (3/3 steps; resumed from step 2; against an "
+                        "uninterrupted run: 0 prompts lost, 0 trained twice) |")  # fmt: skip
+    assert table[4] == ("| `in_flight_pipeline` | failed after 30 s (2/3 steps; no resume; against an uninterrupted "
+                        "run: 2 prompts lost, 1 trained twice, 1 not in it) |")  # fmt: skip
+
+
+
+def test_the_reward_faults_pick_the_reward_worker_and_its_scoring_processes():
+    from verl_pipe.chaos import reward_workers, scoring_processes
+
+    scoring = "/venv/bin/python -m verl_pipe.reward_manager.scoring_child"
+    table = {  # pid -> (parent pid, command line), as /proc has them in a run
+        100: (1, "ray::RewardLoopWorker"),
+        101: (1, "ray::RewardLoopWorker.run_single"),  # busy: Ray adds the method it runs
+        102: (100, scoring),
+        103: (101, scoring),
+        104: (100, "bwrap --unshare-all ... python3 solution.py"),  # a sandbox the score started: not ours to kill
+        200: (1, "ray::AgentLoopWorkerTQ"),
+        201: (200, scoring),  # another actor's child
+        300: (1, "/venv/bin/python -m verl.trainer.main_ppo reward.num_workers=1"),
+    }
+    assert reward_workers(table) == [100, 101]
+    assert scoring_processes(table) == [102, 103]

@@ -16,7 +16,9 @@ syncs weights through a checkpoint engine. The pipelined modes keep all of that 
   (:mod:`.timeline_recorder`, :mod:`.timeline`);
 * checkpoints a resume can trust: a failed save (a full disk) stops the run naming the step, the disk and the
   checkpoint a rerun resumes from, and a tracker that names no complete checkpoint is refused at start-up
-  (:mod:`.checkpoint_guard`).
+  (:mod:`.checkpoint_guard`);
+* a lost Ray node stops the run with one error naming the node, the actors that died on it, the step and the
+  checkpoint a rerun resumes from (:mod:`.lost_nodes`).
 
 This class holds the schedule's building blocks the modes share (tagged submission, waiting for an idle
 sampler, weight sync) and wires the pieces above into verl's step.
@@ -37,6 +39,7 @@ from verl_pipe.trainers.checkpoint_guard import check_resumable, saving_checkpoi
 from verl_pipe.trainers.config import PipelineConfig
 from verl_pipe.trainers.filtered_samples import FilteredSamples
 from verl_pipe.trainers.layout_checks import check_layout
+from verl_pipe.trainers.lost_nodes import diagnosing_lost_nodes
 from verl_pipe.trainers.sample_filters import is_padding_only
 from verl_pipe.trainers.sampler_slot import REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH, select_pipeline_replay_buffer
 from verl_pipe.trainers.step_ledger import StepLedger
@@ -46,14 +49,14 @@ from verl_pipe.trainers.token_lag import version_number
 
 
 def ping(actor, timeout_s: float = 5.0) -> str:
-    """Whether a Ray actor answers: alive, alive but not answering, or dead."""
+    """Whether a Ray actor answers: ``"answers"``, ``"does not answer within N s"`` or ``"is dead (<error>)"``."""
     try:
         ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
-        return "its server answers (its engine, not the server, is stuck)"
+        return "answers"
     except ray.exceptions.GetTimeoutError:
-        return f"its server does not answer within {timeout_s:.0f} s"
+        return f"does not answer within {timeout_s:.0f} s"
     except ray.exceptions.RayActorError as error:
-        return f"its server is dead ({type(error).__name__})"
+        return f"is dead ({type(error).__name__})"
 
 
 class PipelinedTrainer(PPOTrainerSeparateAsync):
@@ -87,6 +90,10 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
             return None
         return configured or os.path.join(self.config.trainer.default_local_dir, default_name)
 
+    def fit(self, agent_loop_manager):
+        with diagnosing_lost_nodes(lambda: self.global_steps, self._checkpoint_dir()):
+            return super().fit(agent_loop_manager)
+
     # --- checkpoints ----------------------------------------------------------------------------------------------
 
     def _checkpoint_dir(self) -> str:
@@ -117,14 +124,29 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         buffer.describe_sampler = self._describe_sampler  # what the stall watch reports of the replicas
         return buffer
 
-    def _describe_sampler(self) -> str:
-        """How each rollout replica's servers answer now (the stall watch's diagnosis)."""
-        answers = [
-            f"replica {replica.replica_rank}: {ping(server)}"
-            for replica in self.standalone_server_manager.get_replicas()
-            for server in replica.servers
-        ]
-        return "; ".join(answers) or "none registered"
+    def _describe_sampler(self) -> tuple[str, str | None]:
+        """How each rollout replica's servers and each reward worker answer now, and the cause when a reward worker
+        is dead (the stall watch's diagnosis)."""
+        workers = [(f"worker {rank}", ping(handle)) for rank, handle in enumerate(self.get_reward_handles() or [])]
+        dead = [name for name, answer in workers if answer.startswith("is dead")]
+        servers = []
+        for replica in self.standalone_server_manager.get_replicas():
+            for server in replica.servers:
+                answer = ping(server)
+                stuck = answer == "answers" and not dead  # with a reward worker dead, the engine may be fine
+                servers.append(f"replica {replica.replica_rank}: its server {answer}"
+                               f"{' (its engine, not the server, is stuck)' if stuck else ''}")  # fmt: skip
+        facts = f"Rollout replicas: {'; '.join(servers) or 'none registered'}."
+        if workers:
+            facts += f" Reward workers: {'; '.join(f'{name}: {answer}' for name, answer in workers)}."
+        cause = None
+        if dead:
+            cause = (
+                f"Reward {' and '.join(dead)} died: every group routed to it fails, and verl's buffer submits it "
+                "again. Fix: read its log (`ray logs`, or the session's logs folder: out of memory?), and resume "
+                "from the last checkpoint (trainer.resume_mode=auto)"
+            )
+        return facts, cause
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         # verl's step balances each batch as it leaves the replay buffer, before any log-prob: filtering here

@@ -29,11 +29,12 @@ class PipelineReplayBuffer(ReplayBufferAsync):
       just read: one-off pipelining syncs the sampler there as soon as the batch in flight has generated.
     * A stall watch (:mod:`.stall_watch`): a wait in which no group finishes and no sample is stored for
       ``trainer.v1.<mode>.stall_timeout_s`` raises, naming what it waited for and what the sampler holds;
-      ``describe_sampler`` (set by a trainer) adds how each rollout replica answers.
+      ``describe_sampler`` (set by a trainer) adds how the sampler's actors answer, and the likely cause.
     """
 
     on_poll = None  # callable(partition_id) -> None
-    describe_sampler: Optional[Callable[[], str]] = None
+    # () -> (what the sampler's actors answer, the cause and fix when that names one, else None)
+    describe_sampler: Optional[Callable[[], tuple[str, Optional[str]]]] = None
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -83,21 +84,25 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         what = "validation" if partition_id == "val" else f"step {step}"
         counts = {name: len(getattr(self, f"{name}_keys")[partition_id])
                   for name in ("pending", "running", "finished", "failure")}  # fmt: skip
-        replicas = ""
+        facts, cause = "", None
         if self.describe_sampler is not None:
             try:
-                replicas = f" Rollout replicas: {self.describe_sampler()}."
+                facts, cause = self.describe_sampler()
+                facts = f" {facts}"
             except Exception as error:  # noqa: BLE001 - the diagnosis must not hide the stall
-                replicas = f" Rollout replicas: could not be asked ({type(error).__name__}: {error})."
+                facts = f" The sampler's actors could not be asked ({type(error).__name__}: {error})."
+        cause = cause or (
+            "A rollout engine is stuck or gone (paused, a request hanging in it, its process dead). Fix: read the "
+            "rollout servers' logs (`ray logs`, or the session's logs folder), and resume from the last checkpoint "
+            "once the replicas are healthy (trainer.resume_mode=auto)"
+        )
         return (
             f"{self.trainer_mode}: the sampler made no progress for {stalled_s:.0f} s while the trainer waited for "
             f"{groups} prompt groups of {what}. TransferQueue holds {counts['pending']} pending, {counts['running']} "
             f"running, {counts['finished']} finished and {counts['failure']} failed groups; no group finished and no "
             f"sample was stored in that time, and {self._evicted_while_waiting} failed groups were dropped and "
-            f"replaced during the wait.{replicas} A rollout engine is stuck or gone (paused, a request hanging in it, "
-            "its process dead). Fix: read the rollout servers' logs (`ray logs`, or the session's logs folder), and "
-            "resume from the last checkpoint once the replicas are healthy (trainer.resume_mode=auto); if one "
-            f"generation legitimately takes longer, raise trainer.v1.{self.trainer_mode}.stall_timeout_s."
+            f"replaced during the wait.{facts} {cause}; if one generation legitimately takes longer, raise "
+            f"trainer.v1.{self.trainer_mode}.stall_timeout_s."
         )
 
     def _select_prompt_uids(self, partition_id, sampleable_keys, batch_size):

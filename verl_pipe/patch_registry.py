@@ -108,9 +108,10 @@ VLLM_ON_CPU = PatchGroup(
 )
 
 SEVERAL_NODES = PatchGroup(
-    title="Pools on named Ray nodes (`VERL_PIPE_POOL_NODES`)",
-    note="verl places each pool wherever its bundles fit first; on a cluster of several nodes these put the trainer "
-    "pool and the sampler pool on the nodes named by a custom resource.",
+    title="More than one Ray node: pools on named nodes (`VERL_PIPE_POOL_NODES`), a lost node diagnosed",
+    note="verl places each pool and its TaskRunner wherever they fit first; on a cluster of several nodes these put "
+    "the trainer pool (and the TaskRunner) and the sampler pool on the nodes named by a custom resource, and turn "
+    "the loss of a node into one error naming it.",
     patches=(
         VerlPatch(
             name="pool_node_resources",
@@ -122,6 +123,21 @@ SEVERAL_NODES = PatchGroup(
             apply="verl_pipe.backends.cpu.pool_nodes:_patch_pool_node_resources",
             trigger=AT_PLUGIN_LOAD,
             when="cpu platform",
+        ),
+        VerlPatch(
+            name="driver_lost_node_diagnosis",
+            target="verl.trainer.main_ppo:run_ppo",
+            fingerprint="runner = task_runner_class.remote()",
+            why="verl places its TaskRunner, the actor that drives the run, on any node, and a lost node ends the run "
+            "with whatever Ray raises first (`ActorDiedError`, or `ActorUnavailableError` naming an actor id), saying "
+            "neither which node went nor what ran there; a TaskRunner on that node goes with it",
+            upstream="a placement option for the TaskRunner (a resource or node label), and a driver that names a "
+            "dead node when the run's actors die with it",
+            apply="verl_pipe.trainers.lost_nodes:_patch_run_ppo",
+            # python -m runs the entrypoint as __main__, which no import hook sees; validate_config is what its
+            # main() calls just before run_ppo
+            trigger="verl.utils.config",
+            when="verl driver",
         ),
     ),
 )

@@ -65,6 +65,8 @@ ACTIVE_WHEN = {
     **{k: v for k, v in CRITICAL_WHEN.items() if k != "grpo_plus"},
     # Its patches act only when verl imports its vLLM rollout, i.e. with rollout.name=vllm.
     "vllm on cpu": _vllm_on_cpu,
+    # The process a user started as ``python -m verl.trainer.<entrypoint>``, not the workers.
+    "verl driver": lambda: is_driver_of_a_verl_run(),
 }
 # ``trigger`` of a patch applied while the plugin loads rather than when verl imports its target.
 AT_PLUGIN_LOAD = "plugin load"

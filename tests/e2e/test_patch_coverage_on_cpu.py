@@ -23,9 +23,10 @@ RUN_FILES = (
     "tests/e2e/test_pipelined_trainers_e2e_on_cpu.py",
     "tests/bench/test_bench_pipeline_on_cpu.py",
 )
-# The conditions the suite's runs create (every run is on the CPU platform; the benchmark's turn the latency
-# model on). Patches for other conditions (an optional engine that is not installed) are not required here.
-SUITE_CONDITIONS = ("always", "cpu platform", "latency model")
+# The conditions the suite's runs create (every run has a driver and is on the CPU platform; the benchmark's turn
+# the latency model on). Patches for other conditions (an optional engine that is not installed) are not required
+# here.
+SUITE_CONDITIONS = ("always", "verl driver", "cpu platform", "latency model")
 # Patches the suite's runs do not call, with the test that covers each instead.
 NOT_CALLED_IN_CPU_RUNS = {
     # It acts only on a machine with no accelerator *and* no VERL_PLATFORM; every run here sets VERL_PLATFORM.

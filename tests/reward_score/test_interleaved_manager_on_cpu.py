@@ -226,3 +226,46 @@ def _one_sample_with(response: str):
             "extra_info": np.array([{}], dtype=object),
         },
     )
+
+
+def _one_program(response: str):
+    """A sample of a stdin problem with one real test, as the recipes' data has them."""
+    from verl import DataProto
+
+    ids = torch.tensor([list(response.encode())])
+    tests = json.dumps([{"input": "1\n", "output": "1\n", "testtype": "stdin"}])
+    return DataProto.from_dict(
+        tensors={"responses": ids, "attention_mask": torch.ones_like(ids)},
+        non_tensors={
+            "data_source": np.array(["livecodebench"], dtype=object),
+            "reward_model": np.array([{"ground_truth": tests}], dtype=object),
+            "extra_info": np.array([{}], dtype=object),
+        },
+    )
+
+
+def test_our_score_named_as_verls_custom_reward_function_runs_in_scoring_processes():
+    """Guards against the recipes' and the quickstart's setting silently scoring in the worker's threads: they name
+    our score in ``reward.custom_reward_function``, which verl hands over wrapped in a partial of its own. Seen with
+    ``make chaos``, whose kill of a scoring process found none to kill."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    from verl_pipe.reward_manager.interleaved import InterleavedRewardManager
+
+    config = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": "pkg://verl_pipe.reward_score", "name": "compute_score", "reward_kwargs": {"format_penalty": -0.25}}}})
+    as_verl_hands_it_over = get_custom_reward_fn(config)
+
+    async def score(**interleaved):
+        manager = InterleavedRewardManager(_config(concurrency=1, **interleaved), _Tokenizer(), as_verl_hands_it_over)
+        try:
+            return manager.processes is not None, await manager.run_single(_one_program("no code here"))
+        finally:
+            if manager.processes is not None:
+                manager.processes.close()
+
+    in_processes, out = asyncio.run(score())
+    assert in_processes
+    assert out["reward_score"] == -0.25 and out["reward_extra_info"]["outcome"] == "format_error"  # kwargs kept
+    in_processes, out = asyncio.run(score(isolation="thread"))  # the control: asked for threads, gets threads
+    assert not in_processes and out["reward_score"] == -0.25

@@ -82,6 +82,18 @@ class InterleavedConfig:
         return cls(concurrency=concurrency, sample_deadline_s=deadline, isolation=isolation)
 
 
+def scored_function(compute_score: Any) -> Any:
+    """The function a score callable runs: through a plain ``partial`` (reward_kwargs), and through the ``partial``
+    of verl's ``_call_with_kwargs`` in which verl hands over a ``reward.custom_reward_function`` (as the recipes and
+    the quickstart name ours)."""
+    if not isinstance(compute_score, functools.partial):
+        return compute_score
+    wrapper = compute_score.func
+    if wrapper.__module__ == "verl.trainer.ppo.reward" and wrapper.__name__.startswith("_call_with_kwargs"):
+        return compute_score.args[0] if compute_score.args else compute_score.func
+    return compute_score.func
+
+
 def _is_verls_default(compute_score: Any) -> bool:
     target = compute_score.func if isinstance(compute_score, functools.partial) else compute_score
     return target is None or target is default_compute_score
@@ -101,10 +113,9 @@ class InterleavedRewardManager(RewardManagerBase):
         self.is_async = inspect.iscoroutinefunction(compute_score)
         self.executor = ThreadPoolExecutor(max_workers=self.settings.concurrency, thread_name_prefix="vp-reward")
         # Our own score (by name, so it pickles) runs in scoring processes; anything else as verl runs it.
-        target = compute_score.func if isinstance(compute_score, functools.partial) else compute_score
         self.processes = (
             ScoringProcesses(compute_score, self.settings.concurrency)
-            if self.settings.isolation == "process" and target is ours
+            if self.settings.isolation == "process" and scored_function(compute_score) is ours
             else None
         )
         self.running = asyncio.Semaphore(self.settings.concurrency)

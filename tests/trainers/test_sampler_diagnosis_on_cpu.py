@@ -1,0 +1,73 @@
+"""What the stall watch says of the sampler's actors: each rollout server and each reward worker pinged for real
+on the shared Ray cluster (in a subprocess: the test process never joins Ray), and a dead reward worker named as
+the cause, not the rollout engine.
+
+Seen with ``make chaos`` (``reward_kill``): with verl's reward worker killed, every group routed to it fails, verl's
+buffer submits it again round after round, the rollout server answers, and the watch blamed a stuck engine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from verl_pipe.trainers.replay_buffer import PipelineReplayBuffer
+
+SCRIPT = r"""
+import json, sys
+from types import SimpleNamespace
+import ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+import verl.trainer.ppo.v1  # verl's trainers first: importing them imports ours, the way a run does
+from verl_pipe.trainers.pipelined_trainer import PipelinedTrainer
+
+@ray.remote(num_cpus=0)
+class Alive:
+    pass
+
+server, first, second = Alive.remote(), Alive.remote(), Alive.remote()
+ray.get([a.__ray_ready__.remote() for a in (server, first, second)])
+workers = [first, second]
+trainer = SimpleNamespace(
+    standalone_server_manager=SimpleNamespace(
+        get_replicas=lambda: [SimpleNamespace(replica_rank=0, servers=[server])]),
+    get_reward_handles=lambda: workers,
+)
+healthy = PipelinedTrainer._describe_sampler(trainer)
+ray.kill(second)  # SIGKILL of its process, as the OOM killer would
+while True:
+    try:
+        ray.get(second.__ray_ready__.remote(), timeout=5)
+    except ray.exceptions.RayActorError:
+        break
+print(json.dumps({"healthy": healthy, "one_dead": PipelinedTrainer._describe_sampler(trainer)}))
+"""
+
+
+def test_a_dead_reward_worker_is_named_as_the_cause(ray_cluster):
+    done = subprocess.run([sys.executable, "-c", SCRIPT, ray_cluster], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    facts, cause = answers["one_dead"]
+    assert "replica 0: its server answers." in facts, "with a reward worker dead the engine is not blamed"
+    assert "Reward workers: worker 0: answers; worker 1: is dead (ActorDiedError)." in facts
+    assert cause.startswith("Reward worker 1 died: every group routed to it fails")
+    # the control: with every actor alive the cause is left to the default (a stuck rollout engine)
+    facts, cause = answers["healthy"]
+    assert "worker 1: answers" in facts and cause is None
+    assert "replica 0: its server answers (its engine, not the server, is stuck)" in facts
+
+
+def test_the_stall_error_carries_the_cause_the_trainer_found():
+    buffer = PipelineReplayBuffer.__new__(PipelineReplayBuffer)  # only the diagnosis's inputs, set below
+    buffer.trainer_mode, buffer._waiting_for, buffer._evicted_while_waiting = "one_off_pipeline", (3, 2), 86
+    for name in ("pending", "running", "finished", "failure"):
+        setattr(buffer, f"{name}_keys", {"train": ["a", "b"] if name == "running" else []})
+    buffer.describe_sampler = lambda: ("Reward workers: worker 0: is dead (ActorDiedError).", "Reward worker 0 died")
+    text = buffer._stall_diagnosis("train", 10.0)
+    assert "86 failed groups were dropped" in text and "worker 0: is dead" in text
+    assert "Reward worker 0 died; if one generation legitimately takes longer" in text
+    assert "A rollout engine is stuck" not in text
+    buffer.describe_sampler = lambda: ("Rollout replicas: replica 0: its server answers.", None)
+    assert "A rollout engine is stuck or gone" in buffer._stall_diagnosis("train", 10.0)
