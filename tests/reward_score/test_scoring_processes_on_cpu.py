@@ -101,3 +101,26 @@ def test_control_a_multiprocessing_pool_killed_as_ray_kills_leaves_semaphores_in
     finally:
         for name in left:
             os.unlink(os.path.join("/dev/shm", name))
+
+
+def test_a_sample_that_cannot_be_sent_keeps_no_slot():
+    """Guards against a slot lost for good to a sample whose arguments do not pickle (the next sample would wait for
+    ever on a pool of one)."""
+    import asyncio
+    import pickle
+
+    sys.path.insert(0, HELPERS)
+    from scoring_helpers import die_or_echo
+
+    from verl_pipe.reward_manager.scoring_processes import ScoringProcesses
+
+    async def scenario():
+        processes = ScoringProcesses(die_or_echo, slots=1)
+        try:
+            with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+                await processes.score({"solution_str": lambda: None})
+            return await asyncio.wait_for(processes.score({"solution_str": "ok"}), timeout=60)
+        finally:
+            processes.close()
+
+    assert asyncio.run(scenario())["score"] == 1.0

@@ -131,8 +131,8 @@ class ScoringProcesses:
             self.threads.submit(slot.ready_child)  # start now: the import overlaps the rest of start-up
 
     async def score(self, kwargs: dict[str, Any]) -> Any:
+        request = pickle.dumps((self.score_fn, kwargs))  # before taking a slot: a sample that cannot travel keeps none
         slot = await self.free.get()
-        request = pickle.dumps((self.score_fn, kwargs))
         try:
             loop = asyncio.get_running_loop()
             answer = await loop.run_in_executor(self.threads, lambda: slot.ready_child().exchange(request))
