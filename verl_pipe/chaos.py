@@ -280,13 +280,21 @@ def compare_prompts(trained: list, uninterrupted: list) -> tuple[int, int, int]:
             len(set(trained) - set(uninterrupted)))  # fmt: skip
 
 
+def _wait_for_steps(process: subprocess.Popen, run_dir: str, steps: int, timeout_s: float) -> None:
+    """Until the run has trained ``steps``, has ended, or ``timeout_s`` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while _trained_steps(run_dir) < steps and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def _kill_after(process: subprocess.Popen, run_dir: str, steps: int, timeout_s: float,
                 pick: Callable[[dict], list[int]]) -> tuple[int, float | None]:  # fmt: skip
     """Once ``steps`` are trained and ``pick`` finds processes in the process table, SIGKILL them; how many, and
     when (``time.monotonic()``; None if never)."""
     deadline = time.monotonic() + timeout_s
+    _wait_for_steps(process, run_dir, steps, timeout_s)
     while process.poll() is None and time.monotonic() < deadline:
-        targets = pick(process_table()) if _trained_steps(run_dir) >= steps else []
+        targets = pick(process_table())
         if targets:
             for pid in targets:
                 with contextlib.suppress(ProcessLookupError):
@@ -297,9 +305,7 @@ def _kill_after(process: subprocess.Popen, run_dir: str, steps: int, timeout_s: 
 
 
 def _kill_the_driver_after(process: subprocess.Popen, run_dir: str, steps: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while _trained_steps(run_dir) < steps and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    _wait_for_steps(process, run_dir, steps, timeout_s)
     with contextlib.suppress(ProcessLookupError):
         os.kill(process.pid, signal.SIGKILL)  # the driver alone: Ray reaps the job's actors once it is gone
     process.wait()
@@ -308,9 +314,7 @@ def _kill_the_driver_after(process: subprocess.Popen, run_dir: str, steps: int, 
 def _lose_the_sampler_node_after(process: subprocess.Popen, run_dir: str, node: subprocess.Popen, steps: int,
                                  timeout_s: float) -> float:  # fmt: skip
     """Lose ``node`` once ``steps`` are trained; when (``time.monotonic()``)."""
-    deadline = time.monotonic() + timeout_s
-    while _trained_steps(run_dir) < steps and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    _wait_for_steps(process, run_dir, steps, timeout_s)
     lose_node(node)
     return time.monotonic()
 

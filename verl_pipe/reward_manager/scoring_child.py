@@ -18,6 +18,7 @@ PRELOAD = ("verl_pipe.reward_score",)
 
 
 def _prefer_as_oom_victim() -> None:
+    # The sandbox's runner does the same, but it is a script (it reads its argv on import), not a library.
     try:
         with open("/proc/self/oom_score_adj", "w") as handle:
             handle.write("1000")
