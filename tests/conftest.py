@@ -21,7 +21,17 @@ def pytest_configure(config):
     if not os.environ.get("VERL_PIPE_PATCH_LEDGER"):
         import tempfile
 
-        os.environ["VERL_PIPE_PATCH_LEDGER"] = tempfile.mkdtemp(prefix="verl_pipe_patch_ledger_")
+        os.environ["VERL_PIPE_PATCH_LEDGER"] = config._verl_pipe_own_ledger = tempfile.mkdtemp(
+            prefix="verl_pipe_patch_ledger_"
+        )
+
+
+def pytest_unconfigure(config):
+    own_ledger = getattr(config, "_verl_pipe_own_ledger", None)
+    if own_ledger:  # made for this session (not handed in by the caller): read by now
+        import shutil
+
+        shutil.rmtree(own_ledger, ignore_errors=True)
 
 
 # A test that asks for one of these runs in the session's Ray cluster (and most launch verl's entry point there):
@@ -94,3 +104,32 @@ def small_disk():
     yield mount
     for path in reversed(mounted):
         unmount(path)
+
+
+# /dev/shm entries that appeared while a test ran, with the first test that saw them; those still there when the
+# session ends are listed in its summary (a leak to trace: it outlives every run that could have made it).
+_SHM = "/dev/shm"
+_shm_first_seen: dict[str, str] = {}
+
+
+def _shm_names() -> set[str]:
+    try:
+        return set(os.listdir(_SHM))
+    except OSError:
+        return set()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    before = _shm_names()
+    yield
+    for name in _shm_names() - before:
+        _shm_first_seen.setdefault(name, item.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    left = {name: test for name, test in _shm_first_seen.items() if os.path.exists(os.path.join(_SHM, name))}
+    if left:
+        terminalreporter.write_sep("-", f"left in {_SHM} by this session")
+        for name, test in sorted(left.items()):
+            terminalreporter.write_line(f"{name}: first seen after {test}")

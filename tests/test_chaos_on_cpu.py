@@ -100,18 +100,47 @@ def test_a_driver_kill_cell_says_where_the_rerun_resumed_and_what_it_lost():
 
 
 
+
+def test_a_save_kill_cell_says_the_save_was_interrupted_only_when_it_was():
+    results = [
+        CaseResult("minibatch_pipeline", "save_kill", "resumed", 50.0, 3, 0, 0, resumes_from=2, prompts_lost=0,
+                   prompts_twice=0, prompts_foreign=0),  # fmt: skip
+        CaseResult("sync", "save_kill", "not injected", 40.0, 3, 0, 0, resumes_from=3),  # the save beat the kill
+    ]
+    table = format_table(results).splitlines()
+    assert table[2] == ("| `sync` | not injected after 40 s (3/3 steps; resumed from step 3; prompts not compared (the "
+                        "mode keeps no ledger)) |")  # fmt: skip
+    assert table[3] == ("| `minibatch_pipeline` | resumed after 50 s (3/3 steps; killed mid-save of step 3; resumed "
+                        "from step 2; against an uninterrupted run: 0 prompts lost, 0 trained twice) |")  # fmt: skip
+
+
+def test_the_save_kill_picks_the_trainers_loop():
+    from verl_pipe.chaos import trainer_processes
+
+    table = {
+        10: (1, "ray::TaskRunnerV1.run"),
+        11: (1, "ray::TaskRunner"),
+        12: (1, "ray::RewardLoopWorker"),
+        13: (10, "python -m verl_pipe.reward_manager.scoring_child 7"),
+        14: (1, "/venv/bin/python -m verl.trainer.main_ppo ray::TaskRunner"),  # the driver: killed by pid, separately
+    }
+    assert trainer_processes(table) == [10, 11]
+
 def test_the_reward_faults_pick_the_reward_worker_and_its_scoring_processes():
     from verl_pipe.chaos import reward_workers, scoring_processes
 
-    scoring = "/venv/bin/python -m verl_pipe.reward_manager.scoring_child"
+    scoring = "/venv/bin/python -m verl_pipe.reward_manager.scoring_child 7"  # its fork server, and what it forks
     table = {  # pid -> (parent pid, command line), as /proc has them in a run
         100: (1, "ray::RewardLoopWorker"),
         101: (1, "ray::RewardLoopWorker.run_single"),  # busy: Ray adds the method it runs
-        102: (100, scoring),
-        103: (101, scoring),
-        104: (100, "bwrap --unshare-all ... python3 solution.py"),  # a sandbox the score started: not ours to kill
+        110: (100, scoring),  # worker 100's fork server
+        111: (101, scoring),  # worker 101's
+        102: (110, scoring),
+        103: (111, scoring),
+        104: (102, "bwrap --unshare-all ... python3 solution.py"),  # a sandbox the score started: not ours to kill
         200: (1, "ray::AgentLoopWorkerTQ"),
         201: (200, scoring),  # another actor's child
+        202: (201, scoring),
         300: (1, "/venv/bin/python -m verl.trainer.main_ppo reward.num_workers=1"),
     }
     assert reward_workers(table) == [100, 101]

@@ -65,3 +65,29 @@ def test_sigterm_takes_the_ray_head_down_with_the_run():
                 pass
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(control, ignore_errors=True)
+
+
+_LEAVE_A_FILE = """
+import os, sys, tempfile, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+
+@ray.remote(num_cpus=0)
+def leave_a_file():  # as a SIGKILLed vLLM engine leaves its ZeroMQ sockets
+    handle, path = tempfile.mkstemp(prefix="left_by_a_worker_")
+    return path
+
+print(ray.get(leave_a_file.remote()), flush=True)
+"""
+
+
+def test_what_the_clusters_processes_leave_in_their_temp_folder_goes_with_the_head():
+    from verl_pipe.local_jobs import local_ray_head
+
+    with local_ray_head(num_cpus=2) as address:
+        probe = subprocess.run([sys.executable, "-c", _LEAVE_A_FILE, address], capture_output=True, text=True,
+                               env=dict(os.environ, RAY_AUTH_MODE="disabled"), timeout=120)  # fmt: skip
+        assert probe.returncode == 0, probe.stderr[-3000:]
+        left = probe.stdout.strip().splitlines()[-1]
+        head_dir = left.split(os.sep + "tmp" + os.sep + "left_by_a_worker_")[0]
+        assert os.path.exists(left) and os.path.basename(head_dir).startswith("vp_ray_"), left  # not in /tmp itself
+    assert not os.path.exists(left) and not os.path.exists(head_dir)

@@ -22,7 +22,11 @@ and the disk, node and driver faults:
   lost (its raylet and every process on it killed at once) after two trained steps. Modes with separate pools only;
 * ``driver_kill``: the trainer's driver is SIGKILLed after two trained steps (a checkpoint saved after each), then
   the same command is run again: it resumes from the last checkpoint. The prompts the two runs trained (the
-  pipelined modes' ledger) are compared with those of an uninterrupted run: none may be lost or trained twice.
+  pipelined modes' ledger) are compared with those of an uninterrupted run: none may be lost or trained twice;
+* ``save_kill``: the same, but the trainer (verl's TaskRunner actor, whose loop writes the checkpoint tracker) and the
+  driver are SIGKILLed the moment the third step's checkpoint folder appears, before its save is complete; the resume
+  must start from step 2 and ignore the half-written folder. If the save completed first (its tracker names step 3),
+  the case reads ``not injected``.
 
 Each run ends one of six ways: ``finished`` (every step trained), ``recovered`` (it trained every step through the
 kill of its reward worker or a scoring process), ``resumed`` (after the driver's kill, the rerun trained every step),
@@ -60,10 +64,13 @@ DIAGNOSES = (
     "LostNodeError: Ray node",
 )
 STEPS = 3
-FULL_DISK, NODE_LOSS, DRIVER_KILL = "full_disk", "node_loss", "driver_kill"
+FULL_DISK, NODE_LOSS, DRIVER_KILL, SAVE_KILL = "full_disk", "node_loss", "driver_kill", "save_kill"
 REWARD_KILL, SCORING_KILL = "reward_kill", "scoring_kill"
-CHAOS_FAULTS = (*FAULTS, REWARD_KILL, SCORING_KILL, FULL_DISK, NODE_LOSS, DRIVER_KILL)
+CHAOS_FAULTS = (*FAULTS, REWARD_KILL, SCORING_KILL, FULL_DISK, NODE_LOSS, DRIVER_KILL, SAVE_KILL)
+RESUMED_FAULTS = (DRIVER_KILL, SAVE_KILL)  # the run is killed, then the same command resumes it
 REWARD_WORKER_TITLE = "ray::RewardLoopWorker"  # what Ray names verl's reward worker actors' processes
+TRAINER_TITLE = "ray::TaskRunner"  # verl's TaskRunner actor (TaskRunnerV1 in the V1 trainers): the trainer's loop
+SAVE_KILL_STEP = 3  # the step whose checkpoint save the save_kill fault interrupts (saves are made every step)
 NO_FAULT = "none"  # the uninterrupted run the driver_kill cases' prompts are compared with
 REFERENCE_MODE = "one_off_pipeline"  # every mode consumes the dataloader in the same order: one reference serves all
 LEDGER = os.path.join("checkpoints", "pipeline_ledger.jsonl")  # where the pipelined modes write theirs
@@ -124,7 +131,7 @@ def start_faulted_run(
         "trainer.val_before_train=False",
         *(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}={value}" for name, value in worker_env.items()),
     ]
-    if fault in (FULL_DISK, DRIVER_KILL):
+    if fault in (FULL_DISK, *RESUMED_FAULTS):
         overrides.append("trainer.save_freq=1")
     if TRAINER_MODES[mode].from_plugin:
         timeout = "null" if stall_timeout_s is None else stall_timeout_s
@@ -200,12 +207,13 @@ def reward_workers(table: dict[int, tuple[int, str]]) -> list[int]:
 
 
 def scoring_processes(table: dict[int, tuple[int, str]]) -> list[int]:
-    """The interleaved reward manager's scoring processes (:mod:`verl_pipe.reward_manager.scoring_child`), children
-    of a reward worker."""
+    """The interleaved reward manager's scoring processes: the children of a reward worker's fork server
+    (:mod:`verl_pipe.reward_manager.scoring_child`, which they share a command line with)."""
     from verl_pipe.reward_manager.scoring_processes import CHILD_MODULE
 
     workers = set(reward_workers(table))
-    return [pid for pid, (parent, cmdline) in table.items() if parent in workers and CHILD_MODULE in cmdline]
+    servers = {pid for pid, (parent, cmdline) in table.items() if parent in workers and CHILD_MODULE in cmdline}
+    return [pid for pid, (parent, cmdline) in table.items() if parent in servers and CHILD_MODULE in cmdline]
 
 
 def job_processes(run_dir: str) -> int:
@@ -311,6 +319,31 @@ def _kill_the_driver_after(process: subprocess.Popen, run_dir: str, steps: int, 
     process.wait()
 
 
+def trainer_processes(table: dict[int, tuple[int, str]]) -> list[int]:
+    """verl's TaskRunner actor (the trainer's loop), by its process title."""
+    return [pid for pid, (_, cmdline) in table.items() if cmdline.startswith(TRAINER_TITLE)]
+
+
+def _kill_the_trainer_mid_save(process: subprocess.Popen, run_dir: str, step: int, timeout_s: float) -> bool:
+    """SIGKILL the trainer and the driver as soon as the folder of ``step``'s checkpoint appears; whether that was
+    before its save completed (the tracker, which verl writes last, never named ``step``)."""
+    from verl_pipe.trainers.checkpoint_guard import CheckpointTrackerError, read_tracker
+
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    folder = os.path.join(checkpoints, f"global_step_{step}")
+    deadline = time.monotonic() + timeout_s
+    while process.poll() is None and time.monotonic() < deadline and not os.path.isdir(folder):
+        time.sleep(0.005)  # a save of the tiny model takes a few hundred milliseconds
+    for pid in trainer_processes(process_table()) + [process.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
+    try:
+        return os.path.isdir(folder) and read_tracker(checkpoints) != step
+    except CheckpointTrackerError:
+        return True
+
+
 def _lose_the_sampler_node_after(process: subprocess.Popen, run_dir: str, node: subprocess.Popen, steps: int,
                                  timeout_s: float) -> float:  # fmt: skip
     """Lose ``node`` once ``steps`` are trained; when (``time.monotonic()``)."""
@@ -347,8 +380,11 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
         elif fault in (REWARD_KILL, SCORING_KILL):
             pick = reward_workers if fault == REWARD_KILL else scoring_processes
             killed, fault_at = _kill_after(process, run_dir, 1, hang_after_s, lambda table: pick(table)[:1])
-        elif fault == DRIVER_KILL:
-            _kill_the_driver_after(process, run_dir, 2, hang_after_s)
+        elif fault in RESUMED_FAULTS:
+            if fault == DRIVER_KILL:
+                _kill_the_driver_after(process, run_dir, 2, hang_after_s)
+            else:
+                killed = int(_kill_the_trainer_mid_save(process, run_dir, SAVE_KILL_STEP, hang_after_s))
             left_by_the_killed = processes_left(run_dir)
             trained_by_the_killed = _trained_step_numbers(run_dir)  # verl's file logger starts afresh on the rerun
             os.replace(log_path, os.path.join(run_dir, "train_killed.log"))
@@ -369,14 +405,14 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
     if rc is None:
         outcome = "hung"
     elif rc == 0 and trained == steps:
-        outcome = "resumed" if fault == DRIVER_KILL else "finished"
-        if killed is not None:  # the run went on through the kill, or the kill never came
-            outcome = "recovered" if killed else "not injected"
+        outcome = "resumed" if fault in RESUMED_FAULTS else "finished"
+        if killed is not None:  # the run went on through the kill (resumed after it), or the kill never came
+            outcome = ("resumed" if fault in RESUMED_FAULTS else "recovered") if killed else "not injected"
     else:
         outcome = "stopped" if diagnosed else "failed"
     left = max(processes_left(run_dir), left_by_the_killed)  # Ray reaps the job's actors once its driver is gone
     added = shm_left_since(shm_before)
-    resumed = re.search(r"Resuming from \S*global_step_(\d+)", text) if fault == DRIVER_KILL else None
+    resumed = re.search(r"Resuming from \S*global_step_(\d+)", text) if fault in RESUMED_FAULTS else None
     checkpoint_step, partial = _checkpoints_left(os.path.join(run_dir, "checkpoints"))
     error = "" if outcome in ("finished", "recovered", "resumed") else _last_error(log_path)
     resumes_from = int(resumed.group(1)) if resumed else checkpoint_step
@@ -407,8 +443,10 @@ def format_table(results: list[CaseResult]) -> str:
             left = f"; left {r.leftover_processes} processes" if r.leftover_processes else ""
             shm = f"; left {r.leftover_shm_bytes / 2**20:.0f} MiB in /dev/shm" if r.leftover_shm_bytes else ""
             saved = f"; resumes from step {r.resumes_from}" if r.resumes_from else ""
-            if r.fault == DRIVER_KILL:
+            if r.fault in RESUMED_FAULTS:
                 saved = f"; resumed from step {r.resumes_from}" if r.resumes_from else "; no resume"
+                if r.fault == SAVE_KILL and r.outcome == "resumed":
+                    saved = f"; killed mid-save of step {SAVE_KILL_STEP}{saved}"
             partial = f"; left {r.partial_checkpoints} half-written checkpoint" if r.partial_checkpoints else ""
             evidence = f"{r.steps_trained}/{r.steps_planned} steps{saved}{partial}{left}{shm}{_data_evidence(r)}"
             since = f", {r.after_fault_s:.0f} s after the fault" if r.after_fault_s is not None else ""
@@ -418,7 +456,7 @@ def format_table(results: list[CaseResult]) -> str:
 
 
 def _data_evidence(r: CaseResult) -> str:
-    if r.fault != DRIVER_KILL:
+    if r.fault not in RESUMED_FAULTS:
         return ""
     if r.prompts_lost is None:
         return "; prompts not compared (the mode keeps no ledger)"
@@ -458,7 +496,8 @@ def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests:
     results = []
     # the head carries the trainer's node resource: the node_loss cases place their trainer pool by it
     with sigterm_unwinds(), local_ray_head(num_cpus=16, resources={TRAINER_NODE: 1000}) as address:
-        uninterrupted = uninterrupted_prompts(model, address, out_dir, hang_after_s) if DRIVER_KILL in faults else None
+        resumes = any(fault in RESUMED_FAULTS for fault in faults)
+        uninterrupted = uninterrupted_prompts(model, address, out_dir, hang_after_s) if resumes else None
         for fault in faults:
             for mode in modes:
                 if fault == NODE_LOSS and not TRAINER_MODES[mode].separate_pools:

@@ -400,7 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(engine stops, server answers), kill (server SIGKILLed mid-request), reward_kill (the reward "
                        "worker actor SIGKILLed), scoring_kill (a scoring process SIGKILLed), full_disk (checkpoints on "
                        "a tmpfs with room for one; needs root), node_loss (the sampler pool's Ray node lost mid-run), "
-                       "driver_kill (the trainer's driver SIGKILLed after two steps, then resumed)")
+                       "driver_kill (the trainer's driver SIGKILLed after two steps, then resumed), save_kill (the "
+                       "trainer and its driver SIGKILLed in the middle of a checkpoint save, then resumed)")
     chaos.add_argument("--after", type=int, default=2, help="requests each replica serves before the fault (default 2)")
     chaos.add_argument("--stall-timeout-s", dest="stall_timeout_s", type=float, default=10.0,
                        help="our modes' trainer.v1.<mode>.stall_timeout_s (default 10)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,7 +51,7 @@ def local_ray_head(
     # cluster and every client of it (this process, the verl jobs) agree to run without it.
     os.environ["RAY_AUTH_MODE"] = "disabled"
     temp_dir = tempfile.mkdtemp(prefix="vp_ray_")
-    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
+    env = _node_env(temp_dir)
     argv = [
         ray_bin,
         "start",
@@ -81,6 +82,17 @@ def local_ray_head(
             # `ray start --block` takes ~33 s to stop gracefully; everything it started (GCS, raylet, workers) is in
             # its process group, so after a short grace the group goes at once.
             stop_process_group(head, stop_grace_s)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _node_env(temp_dir: str) -> dict[str, str]:
+    """The environment of a Ray node's processes: the CPU platform, and ``temp_dir``/tmp as their temporary folder,
+    removed with the node. What a SIGKILLed process leaves in it goes too: vLLM's ZeroMQ sockets and rendezvous files
+    (seven per engine start), which it would otherwise leave in /tmp for good."""
+    scratch = os.path.join(temp_dir, "tmp")
+    os.makedirs(scratch, exist_ok=True)
+    return dict(os.environ, VERL_PLATFORM="cpu", RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false",
+                TMPDIR=scratch)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -91,7 +103,8 @@ def joined_ray_node(
     ``resources`` to place pools by; yields its ``ray start`` process: stopping its group takes the node down, as
     losing a machine would."""
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
+    temp_dir = tempfile.mkdtemp(prefix="vp_ray_node_")
+    env = _node_env(temp_dir)
     argv = [ray_bin, "start", f"--address={address}", "--block", f"--num-cpus={num_cpus}",
             f"--resources={json.dumps(resources)}"]  # fmt: skip
     node = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -106,6 +119,7 @@ def joined_ray_node(
         yield node
     finally:
         stop_process_group(node, stop_grace_s)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _node_with(address: str, resource: str) -> bool:

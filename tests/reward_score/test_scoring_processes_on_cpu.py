@@ -124,3 +124,33 @@ def test_a_sample_that_cannot_be_sent_keeps_no_slot():
             processes.close()
 
     assert asyncio.run(scenario())["score"] == 1.0
+
+
+def test_a_killed_fork_server_is_started_again_for_the_next_scoring_process():
+    """The scoring processes come from one fork server per worker; the OOM killer (or chaos) may take it. The
+    scoring processes it forked go on; the next one needed comes from a new server, and the sample lost with the dead
+    scoring process is reported as died (so the manager retries it), never left waiting."""
+    import asyncio
+
+    sys.path.insert(0, HELPERS)
+    from scoring_helpers import die_or_echo
+
+    from verl_pipe.reward_manager.scoring_processes import ScoringProcessDied, ScoringProcesses
+
+    async def scenario():
+        processes = ScoringProcesses(die_or_echo, slots=1)
+        try:
+            first = await asyncio.wait_for(processes.score({"solution_str": "ok"}), timeout=60)
+            first_server = processes.server.process
+            first_server.kill()
+            first_server.wait()
+            again = await processes.score({"solution_str": "ok"})  # its scoring process outlives the server
+            with pytest.raises(ScoringProcessDied):
+                await processes.score({"solution_str": "die"})
+            after = await asyncio.wait_for(processes.score({"solution_str": "ok"}), timeout=60)
+            return first["pid"], again["pid"], after["pid"], processes.server.process is not first_server
+        finally:
+            processes.close()
+
+    first, again, after, new_server = asyncio.run(scenario())
+    assert again == first and after != first and new_server
