@@ -133,10 +133,11 @@ bench-reward: install
 doctor: install
 	$(BIN)/verl-pipe doctor
 
-# Every trainer mode with a fault in its rollout engine (stalled; server killed mid-request), through verl's real
-# dataflow on CPU, and what became of each run: a table (docs/faults.md). About 20 min on 2 cores.
-chaos: install
-	$(BIN)/verl-pipe chaos $(ARGS)
+# Every trainer mode with a fault injected (its rollout engine, vLLM's engine process, its reward path, its checkpoint
+# disk, its sampler's node, its driver), through verl's real dataflow on CPU, and what became of each run: a table
+# (docs/faults.md). From .venv-vllm, which the engine_kill cases need. About 60 min on 2 cores.
+chaos: install install-vllm
+	$(VLLM_VENV)/bin/verl-pipe chaos $(ARGS)
 
 # docs/upstream.md and the README's paragraph on patches, rewritten from the patch tables (a test fails when stale).
 docs: install

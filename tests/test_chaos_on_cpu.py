@@ -114,8 +114,8 @@ def test_a_save_kill_cell_says_the_save_was_interrupted_only_when_it_was():
                         "from step 2; against an uninterrupted run: 0 prompts lost, 0 trained twice) |")  # fmt: skip
 
 
-def test_the_save_kill_picks_the_trainers_loop():
-    from verl_pipe.chaos import trainer_processes
+def test_the_process_kills_pick_the_trainers_loop_vllms_replica_and_its_engine():
+    from verl_pipe.chaos import engine_processes, trainer_processes, vllm_servers
 
     table = {
         10: (1, "ray::TaskRunnerV1.run"),
@@ -123,8 +123,16 @@ def test_the_save_kill_picks_the_trainers_loop():
         12: (1, "ray::RewardLoopWorker"),
         13: (10, "python -m verl_pipe.reward_manager.scoring_child 7"),
         14: (1, "/venv/bin/python -m verl.trainer.main_ppo ray::TaskRunner"),  # the driver: killed by pid, separately
+        20: (1, "ray::vLLMHttpServer.generate"),
+        21: (20, "VLLM::EngineCore"),
+        22: (1, "ray::CPUvLLMHttpServer"),  # the CPU backend's subclass
+        23: (22, "VLLM::EngineCore_DP1"),
+        24: (1, "/venv/bin/python -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm"),
+        25: (1, "ray::vLLMHttpServerless"),
     }
     assert trainer_processes(table) == [10, 11]
+    assert vllm_servers(table) == [20, 22]
+    assert engine_processes(table) == [21, 23]
 
 def test_the_reward_faults_pick_the_reward_worker_and_its_scoring_processes():
     from verl_pipe.chaos import reward_workers, scoring_processes

@@ -65,6 +65,18 @@ def _write_tracker(checkpoint_dir: str, step: int) -> None:
     os.replace(temporary, path)
 
 
+def resume_advice(checkpoint_dir: str) -> str:
+    """What a rerun of the same command does, for an error message: the checkpoint it resumes from, or a fresh start."""
+    try:
+        saved = read_tracker(checkpoint_dir)
+    except CheckpointTrackerError:
+        saved = None
+    if not saved:
+        return "no checkpoint was saved yet, so it starts over (trainer.save_freq sets how often one is)"
+    return (f"with trainer.resume_mode=auto it resumes from {step_folder(checkpoint_dir, saved)} (the prompts taken "
+            "since are read again)")  # fmt: skip
+
+
 def check_resumable(checkpoint_dir: str) -> int | None:
     """The step ``resume_mode=auto`` will resume from (None: no tracker, a fresh start); raises if the tracker is
     unreadable or names a folder that does not exist, where verl would start from scratch or crash."""

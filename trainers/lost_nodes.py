@@ -117,28 +117,18 @@ def describe_lost_node(
 ) -> str:
     """The error's text; ``placement``: ``VERL_PIPE_POOL_NODES`` parsed (default: this process's)."""
     # (imported here: the driver loads this module while verl is still importing, before it has picked a platform)
-    from verl_pipe.trainers.checkpoint_guard import CheckpointTrackerError, read_tracker, step_folder
+    from verl_pipe.trainers.checkpoint_guard import resume_advice
 
     placement = pool_node_resources() if placement is None else placement
     roles = [f"the {role}'s node" for role, res in placement.items() if res in node.custom_resources]
     resources = f", resources {', '.join(node.custom_resources)}" if node.custom_resources else ""
     what = f": {'; '.join(roles)} in VERL_PIPE_POOL_NODES" if roles else ""
     actors = ", ".join(f"{name} x{count}" for name, count in sorted(held.items())) or "none known"
-    try:
-        saved = read_tracker(checkpoint_dir)
-    except CheckpointTrackerError:
-        saved = None
-    resume = (
-        f"with trainer.resume_mode=auto it resumes from {step_folder(checkpoint_dir, saved)} (the prompts taken since "
-        f"are read again)"
-        if saved
-        else "no checkpoint was saved yet, so it starts over (trainer.save_freq sets how often one is)"
-    )
     return (
         f"Ray node {node.address} (id {node.node_id[:8]}{resources}{what}) was lost "
         f"{'during the run' if step is None else f'during step {step}'} (Ray: "
         f"{reason}). The actors on it died with it: {actors}. The run cannot go on without them. Bring the node back "
-        f"(or add one with the same resources) and rerun the same command: {resume}"
+        f"(or add one with the same resources) and rerun the same command: {resume_advice(checkpoint_dir)}"
     )
 
 

@@ -37,6 +37,7 @@ from omegaconf import open_dict
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl_pipe.trainers.checkpoint_guard import check_resumable, saving_checkpoint
 from verl_pipe.trainers.config import PipelineConfig
+from verl_pipe.trainers.dead_engines import diagnosing_dead_engines
 from verl_pipe.trainers.filtered_samples import FilteredSamples
 from verl_pipe.trainers.layout_checks import check_layout
 from verl_pipe.trainers.lost_nodes import diagnosing_lost_nodes
@@ -57,6 +58,18 @@ def ping(actor, timeout_s: float = 5.0) -> str:
         return f"does not answer within {timeout_s:.0f} s"
     except ray.exceptions.RayActorError as error:
         return f"is dead ({type(error).__name__})"
+
+
+def engine_health(server, timeout_s: float = 5.0) -> str | None:
+    """What a rollout server says of its engine (``engine_health``, where its class has one: vLLM's server on the CPU
+    backend), None when it is well or cannot say."""
+    ask = getattr(server, "engine_health", None)
+    if ask is None:
+        return None
+    try:
+        return ray.get(ask.remote(), timeout=timeout_s)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
+        return None
 
 
 class PipelinedTrainer(PPOTrainerSeparateAsync):
@@ -91,7 +104,8 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         return configured or os.path.join(self.config.trainer.default_local_dir, default_name)
 
     def fit(self, agent_loop_manager):
-        with diagnosing_lost_nodes(lambda: self.global_steps, self._checkpoint_dir()):
+        step = lambda: self.global_steps  # noqa: E731
+        with diagnosing_lost_nodes(step, self._checkpoint_dir()), diagnosing_dead_engines(step, self._checkpoint_dir()):
             return super().fit(agent_loop_manager)
 
     # --- checkpoints ----------------------------------------------------------------------------------------------
@@ -125,14 +139,20 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         return buffer
 
     def _describe_sampler(self) -> tuple[str, str | None]:
-        """How each rollout replica's servers and each reward worker answer now, and the cause when a reward worker
-        is dead (the stall watch's diagnosis)."""
+        """How each rollout replica's servers and each reward worker answer now, and the cause when a replica's
+        server or engine process, or a reward worker, is dead (the stall watch's diagnosis; it stops at once then)."""
         workers = [(f"worker {rank}", ping(handle)) for rank, handle in enumerate(self.get_reward_handles() or [])]
         dead = [name for name, answer in workers if answer.startswith("is dead")]
-        servers = []
+        servers, dead_engines = [], []
         for replica in self.standalone_server_manager.get_replicas():
             for server in replica.servers:
                 answer = ping(server)
+                engine = engine_health(server) if answer == "answers" else None
+                if engine or answer.startswith("is dead"):
+                    dead_engines.append(f"replica {replica.replica_rank}")
+                if engine:
+                    servers.append(f"replica {replica.replica_rank}: its server answers, but {engine}")
+                    continue
                 stuck = answer == "answers" and not dead  # with a reward worker dead, the engine may be fine
                 servers.append(f"replica {replica.replica_rank}: its server {answer}"
                                f"{' (its engine, not the server, is stuck)' if stuck else ''}")  # fmt: skip
@@ -140,7 +160,14 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         if workers:
             facts += f" Reward workers: {'; '.join(f'{name}: {answer}' for name, answer in workers)}."
         cause = None
-        if dead:
+        if dead_engines:
+            cause = (
+                f"Rollout {' and '.join(dead_engines)} died (its server or its engine process: killed, or out of "
+                "memory): its requests never finish, and verl-pipe does not restart a replica in place. Fix: read "
+                "the server's log (`ray logs`, or the session's logs folder; dmesg for the OOM killer), and resume "
+                "from the last checkpoint (trainer.resume_mode=auto)"
+            )
+        elif dead:
             cause = (
                 f"Reward {' and '.join(dead)} died: every group routed to it fails, and verl's buffer submits it "
                 "again. Fix: read its log (`ray logs`, or the session's logs folder: out of memory?), and resume "

@@ -67,7 +67,8 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         return evicted
 
     def _wait_for_next_poll(self, partition_id, last_debug_time):
-        self._stall_watch.observe(self._progress(partition_id), lambda s: self._stall_diagnosis(partition_id, s))
+        self._stall_watch.observe(self._progress(partition_id), lambda s: self._stall_diagnosis(partition_id, s),
+                                  self._an_actor_is_dead)  # fmt: skip
         if self.on_poll is not None:
             self.on_poll(partition_id)
         return super()._wait_for_next_poll(partition_id, last_debug_time)
@@ -78,6 +79,15 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         replica verl's buffer evicts each failed group and submits a new one, round after round, and nothing
         ever finishes."""
         return frozenset(self.finished_keys[partition_id]), len(self.partitions[partition_id])
+
+    def _an_actor_is_dead(self) -> bool:
+        """Whether the trainer's look at the sampler's actors names a cause (only a dead one is named)."""
+        if self.describe_sampler is None:
+            return False
+        try:
+            return self.describe_sampler()[1] is not None
+        except Exception:  # noqa: BLE001 - cannot tell: the full timeout decides
+            return False
 
     def _stall_diagnosis(self, partition_id: str, stalled_s: float) -> str:
         step, groups = self._waiting_for

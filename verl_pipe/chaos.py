@@ -9,8 +9,12 @@ steps) on one private Ray head. The engine faults come from the servers' timing 
 * ``stall``: the engine stops making progress, its server up and answering;
 * ``kill``: the server's process is killed (SIGKILL) in the middle of a request;
 
-the reward faults, once a step is trained, in runs of 6 steps (so that later steps need the reward path):
+the process kills once a step is trained, in runs of 6 steps (so that later steps need what was killed):
 
+* ``vllm_server_kill``: verl's vLLM replica actor (``vLLMHttpServer``) is SIGKILLed;
+* ``engine_kill``: its engine process (``VLLM::EngineCore``, where the model runs on CPU) is SIGKILLed; these two
+  use verl's vLLM rollout and SmolLM2 (vLLM's CPU attention cannot serve the tiny model), and need vLLM importable
+  (``make chaos`` runs from .venv-vllm);
 * ``reward_kill``: verl's reward worker actor (``RewardLoopWorker``) is SIGKILLed;
 * ``scoring_kill``: one of the interleaved reward manager's scoring processes is SIGKILLed;
 
@@ -41,6 +45,7 @@ the reference.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -66,10 +71,17 @@ DIAGNOSES = (
 STEPS = 3
 FULL_DISK, NODE_LOSS, DRIVER_KILL, SAVE_KILL = "full_disk", "node_loss", "driver_kill", "save_kill"
 REWARD_KILL, SCORING_KILL = "reward_kill", "scoring_kill"
-CHAOS_FAULTS = (*FAULTS, REWARD_KILL, SCORING_KILL, FULL_DISK, NODE_LOSS, DRIVER_KILL, SAVE_KILL)
+VLLM_SERVER_KILL, ENGINE_KILL = "vllm_server_kill", "engine_kill"
+VLLM_FAULTS = (VLLM_SERVER_KILL, ENGINE_KILL)  # run on verl's vLLM rollout
+CHAOS_FAULTS = (*FAULTS, *VLLM_FAULTS, REWARD_KILL, SCORING_KILL, FULL_DISK, NODE_LOSS, DRIVER_KILL, SAVE_KILL)
 RESUMED_FAULTS = (DRIVER_KILL, SAVE_KILL)  # the run is killed, then the same command resumes it
 REWARD_WORKER_TITLE = "ray::RewardLoopWorker"  # what Ray names verl's reward worker actors' processes
+ENGINE_TITLE = "VLLM::EngineCore"  # what vLLM names its engine's process (the model runs in it on CPU)
+# verl's vLLM replica actor, the engine's parent (vLLMHttpServer; the CPU backend's subclass is CPUvLLMHttpServer)
+VLLM_SERVER_TITLE = re.compile(r"ray::\w*vLLMHttpServer\b")
 TRAINER_TITLE = "ray::TaskRunner"  # verl's TaskRunner actor (TaskRunnerV1 in the V1 trainers): the trainer's loop
+VLLM_START_ALLOWANCE_S = 240.0  # added to --hang-after for the vLLM cases
+VLLM_STALL_TIMEOUT_S = 120.0  # the least stall_timeout_s of the vLLM cases
 SAVE_KILL_STEP = 3  # the step whose checkpoint save the save_kill fault interrupts (saves are made every step)
 NO_FAULT = "none"  # the uninterrupted run the driver_kill cases' prompts are compared with
 REFERENCE_MODE = "one_off_pipeline"  # every mode consumes the dataloader in the same order: one reference serves all
@@ -81,7 +93,8 @@ NODE_LOSS_STEPS = 20
 # The reward faults come once a step is trained; by then a pipelined mode may have scored the next two steps' groups
 # already, so the run goes on long enough that later steps need the reward path after the kill.
 REWARD_FAULT_STEPS = 6
-STEPS_OF_FAULT = {NODE_LOSS: NODE_LOSS_STEPS, REWARD_KILL: REWARD_FAULT_STEPS, SCORING_KILL: REWARD_FAULT_STEPS}
+MID_RUN_KILLS = (*VLLM_FAULTS, REWARD_KILL, SCORING_KILL)  # a process SIGKILLed once a step is trained
+STEPS_OF_FAULT = {NODE_LOSS: NODE_LOSS_STEPS, **{fault: REWARD_FAULT_STEPS for fault in MID_RUN_KILLS}}
 # Room for the first checkpoint of the tiny model (1.6 MB) and the run's ledger, not for the second.
 SMALL_DISK = "2500k"
 
@@ -114,7 +127,9 @@ def start_faulted_run(
     from verl_pipe.data.embedded import write_embedded_dataset
     from verl_pipe.quickstart import QuickstartConfig, training_overrides
 
-    cfg = QuickstartConfig(data="embedded", model=model, mode=mode, algorithm="grpo", steps=steps, prompts_per_step=2,
+    rollout = "vllm" if fault in VLLM_FAULTS else "hf"
+    cfg = QuickstartConfig(data="embedded", model=model, mode=mode, rollout=rollout, algorithm="grpo", steps=steps,
+                           prompts_per_step=2,
                            samples_per_prompt=2, max_response_length=8, validate_at_end=False,
                            ray_address=ray_address, out_dir=run_dir)  # fmt: skip
     train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
@@ -319,6 +334,16 @@ def _kill_the_driver_after(process: subprocess.Popen, run_dir: str, steps: int, 
     process.wait()
 
 
+def engine_processes(table: dict[int, tuple[int, str]]) -> list[int]:
+    """vLLM's engine processes, by their process title."""
+    return [pid for pid, (_, cmdline) in table.items() if cmdline.startswith(ENGINE_TITLE)]
+
+
+def vllm_servers(table: dict[int, tuple[int, str]]) -> list[int]:
+    """verl's vLLM replica actors, by their process title."""
+    return [pid for pid, (_, cmdline) in table.items() if VLLM_SERVER_TITLE.match(cmdline)]
+
+
 def trainer_processes(table: dict[int, tuple[int, str]]) -> list[int]:
     """verl's TaskRunner actor (the trainer's loop), by its process title."""
     return [pid for pid, (_, cmdline) in table.items() if cmdline.startswith(TRAINER_TITLE)]
@@ -368,17 +393,27 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
     os.makedirs(run_dir, exist_ok=True)
     steps = STEPS_OF_FAULT.get(fault, STEPS)
     shm_before = shm_files()
+    if fault in VLLM_FAULTS:
+        # vLLM's engine takes a minute or two to start on 2 cores, and its first answers are slow (the tiny model's
+        # hf server: seconds); a dead replica is caught by the watch's check for dead actors, not by its timeout
+        hang_after_s += VLLM_START_ALLOWANCE_S
+        stall_timeout_s = max(stall_timeout_s, VLLM_STALL_TIMEOUT_S)
+    running: list[subprocess.Popen] = []
     with contextlib.ExitStack() as stack:
         if fault == NODE_LOSS:  # a fresh sampler node for each case: the last one was lost
             node = stack.enter_context(joined_ray_node(ray_address, num_cpus=8, resources={SAMPLER_NODE: 1000}))
+        # however the case ends (an interrupted `make chaos` included), its job goes: it runs in a session of its own
+        stack.callback(lambda: running and stop_process_group(running[-1], grace_s=30.0))
         started = time.monotonic()
         process, log_path = start_faulted_run(run_dir, model, ray_address, mode, fault, after_requests,
                                               stall_timeout_s, steps=steps)  # fmt: skip
+        running.append(process)
         killed, fault_at, left_by_the_killed, trained_by_the_killed = None, None, 0, set()
         if fault == NODE_LOSS:
             fault_at = _lose_the_sampler_node_after(process, run_dir, node, 2, hang_after_s)
-        elif fault in (REWARD_KILL, SCORING_KILL):
-            pick = reward_workers if fault == REWARD_KILL else scoring_processes
+        elif fault in MID_RUN_KILLS:
+            pick = {VLLM_SERVER_KILL: vllm_servers, ENGINE_KILL: engine_processes, REWARD_KILL: reward_workers,
+                    SCORING_KILL: scoring_processes}[fault]
             killed, fault_at = _kill_after(process, run_dir, 1, hang_after_s, lambda table: pick(table)[:1])
         elif fault in RESUMED_FAULTS:
             if fault == DRIVER_KILL:
@@ -391,13 +426,13 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
             started = time.monotonic()  # the resume: the same command again
             process, log_path = start_faulted_run(run_dir, model, ray_address, mode, fault, after_requests,
                                                   stall_timeout_s, steps=steps)  # fmt: skip
+            running.append(process)
         try:
             rc = process.wait(timeout=max(1.0, hang_after_s - (time.monotonic() - started)))
         except subprocess.TimeoutExpired:
             rc = None
         ended = time.monotonic()
         seconds = ended - started
-        stop_process_group(process, grace_s=30.0)
     with open(log_path, errors="replace") as fh:
         text = fh.read()
     diagnosed = any(line in text for line in DIAGNOSES)
@@ -482,7 +517,7 @@ def uninterrupted_prompts(model: str, ray_address: str, out_dir: str, timeout_s:
 def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests: int = 2,
               stall_timeout_s: float = 10.0, hang_after_s: float = 180.0) -> list[CaseResult]:  # fmt: skip
     from verl_pipe.local_jobs import local_ray_head, sigterm_unwinds
-    from verl_pipe.models import build_tiny_qwen2
+    from verl_pipe.models import build_tiny_qwen2, resolve_model_path
 
     unknown = [m for m in modes if m not in TRAINER_MODES] + [f for f in faults if f not in CHAOS_FAULTS]
     if unknown:
@@ -492,7 +527,16 @@ def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests:
     if FULL_DISK in faults and os.geteuid() != 0:
         raise ValueError(f"the {FULL_DISK} fault mounts a small tmpfs, which needs root: run as root or leave it out "
                          f"(--faults {','.join(f for f in faults if f != FULL_DISK) or 'stall,kill'})")  # fmt: skip
+    wanted = [f for f in faults if f in VLLM_FAULTS]
+    if wanted and importlib.util.find_spec("vllm") is None:
+        faults = [f for f in faults if f not in VLLM_FAULTS]
+        print(f"{','.join(wanted)}: left out: vLLM is not importable from {sys.executable}; `make chaos` runs from "
+              f".venv-vllm (or: .venv-vllm/bin/verl-pipe chaos --faults {','.join(wanted)})", flush=True)  # fmt: skip
+        if not faults:
+            raise ValueError(f"the {','.join(wanted)} faults need vLLM: run `make install-vllm`, then "
+                             f".venv-vllm/bin/verl-pipe chaos --faults {','.join(wanted)}")  # fmt: skip
     model = build_tiny_qwen2()
+    vllm_model = resolve_model_path("smollm2") if any(f in VLLM_FAULTS for f in faults) else None
     results = []
     # the head carries the trainer's node resource: the node_loss cases place their trainer pool by it
     with sigterm_unwinds(), local_ray_head(num_cpus=16, resources={TRAINER_NODE: 1000}) as address:
@@ -502,8 +546,8 @@ def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests:
             for mode in modes:
                 if fault == NODE_LOSS and not TRAINER_MODES[mode].separate_pools:
                     continue  # one pool: there is no sampler's node to lose
-                result = run_case(mode, fault, model, address, out_dir, after_requests, stall_timeout_s, hang_after_s,
-                                  uninterrupted)  # fmt: skip
+                result = run_case(mode, fault, vllm_model if fault in VLLM_FAULTS else model, address, out_dir,
+                                  after_requests, stall_timeout_s, hang_after_s, uninterrupted)  # fmt: skip
                 print(f"{mode} / {fault}: {result.outcome} after {result.seconds:.0f} s", flush=True)
                 results.append(result)
     with open(os.path.join(out_dir, "chaos.json"), "w") as fh:

@@ -397,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chaos.add_argument("--modes", default=",".join(TRAINER_MODES), help="comma-separated trainer modes (default: all)")
     chaos.add_argument("--faults", default=",".join(CHAOS_FAULTS), help="comma-separated (default: all): stall "
-                       "(engine stops, server answers), kill (server SIGKILLed mid-request), reward_kill (the reward "
+                       "(engine stops, server answers), kill (server SIGKILLed mid-request), vllm_server_kill and engine_kill (verl's "
+                       "vLLM replica actor, or vLLM's engine process, SIGKILLed; need vLLM), reward_kill (the reward "
                        "worker actor SIGKILLed), scoring_kill (a scoring process SIGKILLed), full_disk (checkpoints on "
                        "a tmpfs with room for one; needs root), node_loss (the sampler pool's Ray node lost mid-run), "
                        "driver_kill (the trainer's driver SIGKILLed after two steps, then resumed), save_kill (the "

@@ -1,6 +1,7 @@
 """What the stall watch says of the sampler's actors: each rollout server and each reward worker pinged for real
 on the shared Ray cluster (in a subprocess: the test process never joins Ray), and a dead reward worker named as
-the cause, not the rollout engine.
+the cause, not the rollout engine; and a replica whose engine process died under a live server (vLLM's
+``EngineCore``, as ``make chaos --faults engine_kill`` kills it) named as such.
 
 Seen with ``make chaos`` (``reward_kill``): with verl's reward worker killed, every group routed to it fails, verl's
 buffer submits it again round after round, the rollout server answers, and the watch blamed a stuck engine.
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+
+import pytest
 
 from verl_pipe.trainers.replay_buffer import PipelineReplayBuffer
 
@@ -25,6 +28,11 @@ from verl_pipe.trainers.pipelined_trainer import PipelinedTrainer
 @ray.remote(num_cpus=0)
 class Alive:
     pass
+
+@ray.remote(num_cpus=0)
+class ServerWithADeadEngine:  # answers pings, as vLLM's server does once its EngineCore process is gone
+    def engine_health(self):
+        return "its engine process (VLLM::EngineCore) is dead"
 
 server, first, second = Alive.remote(), Alive.remote(), Alive.remote()
 ray.get([a.__ray_ready__.remote() for a in (server, first, second)])
@@ -41,14 +49,23 @@ while True:
         ray.get(second.__ray_ready__.remote(), timeout=5)
     except ray.exceptions.RayActorError:
         break
-print(json.dumps({"healthy": healthy, "one_dead": PipelinedTrainer._describe_sampler(trainer)}))
+one_dead = PipelinedTrainer._describe_sampler(trainer)
+workers.pop()
+trainer.standalone_server_manager.get_replicas = lambda: [
+    SimpleNamespace(replica_rank=0, servers=[server]), SimpleNamespace(replica_rank=1, servers=[ServerWithADeadEngine.remote()])]
+print(json.dumps({"healthy": healthy, "one_dead": one_dead, "dead_engine": PipelinedTrainer._describe_sampler(trainer)}))
 """
 
 
-def test_a_dead_reward_worker_is_named_as_the_cause(ray_cluster):
+@pytest.fixture(scope="module")
+def answers(ray_cluster) -> dict:
+    """What the diagnosis said: every actor alive, a reward worker dead, a replica's engine dead."""
     done = subprocess.run([sys.executable, "-c", SCRIPT, ray_cluster], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
-    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_dead_reward_worker_is_named_as_the_cause(answers):
     facts, cause = answers["one_dead"]
     assert "replica 0: its server answers." in facts, "with a reward worker dead the engine is not blamed"
     assert "Reward workers: worker 0: answers; worker 1: is dead (ActorDiedError)." in facts
@@ -56,6 +73,14 @@ def test_a_dead_reward_worker_is_named_as_the_cause(ray_cluster):
     # the control: with every actor alive the cause is left to the default (a stuck rollout engine)
     facts, cause = answers["healthy"]
     assert "worker 1: answers" in facts and cause is None
+    assert "replica 0: its server answers (its engine, not the server, is stuck)" in facts
+
+
+def test_a_dead_engine_under_a_live_server_is_named_as_the_cause(answers):
+    facts, cause = answers["dead_engine"]
+    assert "replica 1: its server answers, but its engine process (VLLM::EngineCore) is dead" in facts, facts
+    assert cause.startswith("Rollout replica 1 died (its server or its engine process"), cause
+    # the control: replica 0's server (which cannot tell of an engine) is not blamed
     assert "replica 0: its server answers (its engine, not the server, is stuck)" in facts
 
 

@@ -52,6 +52,37 @@ def test_a_new_wait_starts_afresh_and_none_waits_forever():
     forever.observe(("a",), str)  # the control: without a timeout nothing is ever raised
 
 
+def test_a_dead_actor_found_during_a_stall_stops_the_wait_long_before_the_timeout():
+    clock = Clock()
+    watch = StallWatch(1800.0, clock=clock, check_every_s=5.0)
+    asked = []
+    dead = False
+
+    def found_dead() -> bool:
+        asked.append(clock.now)
+        return dead
+
+    watch.start()
+    watch.observe(("a",), str, found_dead)
+    for clock.now in (2.0, 4.0, 6.0, 8.0, 10.0, 12.0):  # alive: asked every 5 s of the stall, never stopped
+        watch.observe(("a",), str, found_dead)
+    assert asked == [6.0, 12.0]
+    clock.now = 13.0
+    watch.observe(("b",), str, found_dead)  # progress: the next question waits 5 s from here
+    dead = True
+    clock.now = 17.0
+    watch.observe(("b",), str, found_dead)
+    clock.now = 18.0
+    with pytest.raises(SamplerStalledError, match="^5.0$"):  # the diagnosis of a 5 s stall, not of 1800 s
+        watch.observe(("b",), str, found_dead)
+    # the control: without the question, the same dead actor keeps the trainer waiting to the timeout
+    blind = StallWatch(1800.0, clock=clock, check_every_s=5.0)
+    blind.start()
+    blind.observe(("b",), str)
+    clock.now = 1000.0
+    blind.observe(("b",), str)
+
+
 @pytest.mark.parametrize("value", [0, -1, "soon", True])
 def test_a_bad_stall_timeout_names_the_key(value):
     with pytest.raises(PipelineConfigError, match=r"trainer\.v1\.one_off_pipeline\.stall_timeout_s"):

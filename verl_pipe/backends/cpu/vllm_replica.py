@@ -115,6 +115,23 @@ class CPUvLLMHttpServer(vLLMHttpServer):
             results = await self.engine.collective_rpc(method=method, timeout=timeout, args=args, kwargs=kwargs)
             loads.record(results[0]["sampled_before"])  # every rank runs the same requests
 
+    async def engine_health(self) -> Optional[str]:
+        """None while vLLM's engine runs; what is wrong once its engine process is gone. The actor itself answers
+        pings then, and vLLM's async client does not watch its engine processes (its liveness monitor starts for the
+        synchronous client only), so requests already sent wait for ever: this looks at the processes themselves."""
+        engine = getattr(self, "engine", None)
+        if engine is None:
+            return None
+        core = getattr(engine, "engine_core", None)
+        manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+        dead = [proc for proc in getattr(manager, "processes", ()) if not proc.is_alive()]
+        if dead:
+            codes = ", ".join(f"exit code {proc.exitcode}" for proc in dead)
+            return f"its engine process (VLLM::EngineCore) is dead ({codes}): its requests will never finish"
+        if engine.errored:
+            return "its engine (VLLM::EngineCore) is dead: vLLM raises EngineDeadError for every request"
+        return None
+
     async def abort_all_requests(self, *args, **kwargs):
         result = await super().abort_all_requests(*args, **kwargs)
         if getattr(self, "_replica_timing", None) is not None:  # timed requests end where the model has got to
