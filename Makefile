@@ -80,7 +80,7 @@ $(VLLM_STAMP): setup.py Makefile
 
 # The tests that need vLLM (the demo's default engine): they run from .venv-vllm, where a missing vLLM fails them
 # instead of skipping them. `make test` runs them after the rest of the suite.
-VLLM_TESTS := tests/e2e/test_vllm_e2e_on_cpu.py
+VLLM_TESTS := tests/e2e/test_vllm_e2e_on_cpu.py tests/backends/test_vllm_engine_death_on_cpu.py
 test-vllm: install-vllm
 	VERL_PIPE_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest $(VLLM_TESTS) $(PYTEST_ARGS)
 
@@ -135,7 +135,7 @@ doctor: install
 
 # Every trainer mode with a fault injected (its rollout engine, vLLM's engine process, its reward path, its checkpoint
 # disk, its sampler's node, its driver), through verl's real dataflow on CPU, and what became of each run: a table
-# (docs/faults.md). From .venv-vllm, which the engine_kill cases need. About 60 min on 2 cores.
+# (docs/faults.md). From .venv-vllm, which the vLLM cases need. About 90 min on 2 cores.
 chaos: install install-vllm
 	$(VLLM_VENV)/bin/verl-pipe chaos $(ARGS)
 

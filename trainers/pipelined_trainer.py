@@ -35,9 +35,9 @@ import ray
 from omegaconf import open_dict
 
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
-from verl_pipe.trainers.checkpoint_guard import check_resumable, saving_checkpoint
+from verl_pipe.trainers.checkpoint_guard import check_resumable, resume_advice, saving_checkpoint
 from verl_pipe.trainers.config import PipelineConfig
-from verl_pipe.trainers.dead_engines import diagnosing_dead_engines
+from verl_pipe.trainers.dead_replicas import RolloutReplicaDiedError, diagnosing_dead_replicas
 from verl_pipe.trainers.filtered_samples import FilteredSamples
 from verl_pipe.trainers.layout_checks import check_layout
 from verl_pipe.trainers.lost_nodes import diagnosing_lost_nodes
@@ -104,8 +104,9 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         return configured or os.path.join(self.config.trainer.default_local_dir, default_name)
 
     def fit(self, agent_loop_manager):
-        step = lambda: self.global_steps  # noqa: E731
-        with diagnosing_lost_nodes(step, self._checkpoint_dir()), diagnosing_dead_engines(step, self._checkpoint_dir()):
+        step, checkpoints = (lambda: self.global_steps), self._checkpoint_dir()
+        # a lost node is the root cause of the replicas that died on it: its diagnosis looks last, at either error
+        with diagnosing_lost_nodes(step, checkpoints), diagnosing_dead_replicas(step, checkpoints):
             return super().fit(agent_loop_manager)
 
     # --- checkpoints ----------------------------------------------------------------------------------------------
@@ -143,13 +144,13 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         server or engine process, or a reward worker, is dead (the stall watch's diagnosis; it stops at once then)."""
         workers = [(f"worker {rank}", ping(handle)) for rank, handle in enumerate(self.get_reward_handles() or [])]
         dead = [name for name, answer in workers if answer.startswith("is dead")]
-        servers, dead_engines = [], []
+        servers, dead_replicas = [], []
         for replica in self.standalone_server_manager.get_replicas():
             for server in replica.servers:
                 answer = ping(server)
                 engine = engine_health(server) if answer == "answers" else None
                 if engine or answer.startswith("is dead"):
-                    dead_engines.append(f"replica {replica.replica_rank}")
+                    dead_replicas.append(f"replica {replica.replica_rank}")
                 if engine:
                     servers.append(f"replica {replica.replica_rank}: its server answers, but {engine}")
                     continue
@@ -160,9 +161,9 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         if workers:
             facts += f" Reward workers: {'; '.join(f'{name}: {answer}' for name, answer in workers)}."
         cause = None
-        if dead_engines:
+        if dead_replicas:
             cause = (
-                f"Rollout {' and '.join(dead_engines)} died (its server or its engine process: killed, or out of "
+                f"Rollout {' and '.join(dead_replicas)} died (its server or its engine process: killed, or out of "
                 "memory): its requests never finish, and verl-pipe does not restart a replica in place. Fix: read "
                 "the server's log (`ray logs`, or the session's logs folder; dmesg for the OOM killer), and resume "
                 "from the last checkpoint (trainer.resume_mode=auto)"
@@ -220,6 +221,7 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         updates in the weights sent, not the current step (a sync that waited for the sampler happens during the
         next step, while the trainer still holds the previous step's weights).
         """
+        self._check_engines_before_sync()
         resume = self._timeline.current_phase
         self._phase("sync")
         started = time.perf_counter()
@@ -229,6 +231,21 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         self._timeline.add_seconds("sync", seconds)
         if inside_gen_timer:  # verl's "gen" timer is running: keep the sync out of the trainer's wait for samples
             self._timeline.add_seconds("sync_inside_gen", seconds)
+
+    def _check_engines_before_sync(self) -> None:
+        """A weight transfer into a dead vLLM engine waits for ever (verl's bucket sender waits on the engine's
+        socket; the modes that abort first meet vLLM's EngineDeadError there, in_flight_pipeline does not abort):
+        ask each replica's server first (one call each; servers that cannot tell say nothing)."""
+        for replica in self.standalone_server_manager.get_replicas():
+            for server in replica.servers:
+                problem = engine_health(server)
+                if problem:
+                    raise RolloutReplicaDiedError(
+                        f"Rollout replica {replica.replica_rank} died during step {self.global_steps}: its server "
+                        f"says {problem}. verl-pipe does not restart a replica in place, so the run cannot go on "
+                        "without it. Check the machine's memory (dmesg for the OOM killer) and rerun the same "
+                        f"command: {resume_advice(self._checkpoint_dir())}"
+                    )
 
     # --- the trainer's timeline track ------------------------------------------------------------------------------
 

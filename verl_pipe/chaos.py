@@ -33,13 +33,14 @@ and the disk, node and driver faults:
   the case reads ``not injected``.
 
 Each run ends one of six ways: ``finished`` (every step trained), ``recovered`` (it trained every step through the
-kill of its reward worker or a scoring process), ``resumed`` (after the driver's kill, the rerun trained every step),
-``stopped`` (it ended with one of verl-pipe's diagnoses: the stall watch's, the failed checkpoint save's, or the
-lost node's), ``failed`` (it ended with another error), or ``hung`` (still running ``--hang-after`` seconds after it
-started: then killed). The table gives the seconds to the end, the step a resume would start from, the
-half-written checkpoints, the processes and /dev/shm bytes the run left, and for ``driver_kill`` the prompts lost
-or trained twice. Our modes carry the stall watch (``stall_timeout_s``); verl's ``sync`` and ``separate_async`` are
-the reference.
+kill of a process), ``resumed`` (after the driver's or trainer's kill, the rerun trained every step), ``stopped`` (it
+ended with one of verl-pipe's diagnoses: the stall watch's, the failed checkpoint save's, the lost node's, or the
+dead engine's), ``failed`` (it ended with another error), or ``hung`` (still running ``--hang-after`` seconds after it
+started: then killed); a run that ended before its fault came says so (``stopped before the fault``), and one that
+finished without it reads ``not injected``. The table gives the seconds to the end, the step a resume would start
+from, the half-written checkpoints, the processes and /dev/shm bytes the run left, and for the resumed faults the
+prompts lost or trained twice. Our modes carry the stall watch (``stall_timeout_s``); verl's ``sync`` and
+``separate_async`` are the reference.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ DIAGNOSES = (
     "the sampler made no progress for",
     "CheckpointSaveError: the checkpoint of step",
     "LostNodeError: Ray node",
+    "RolloutReplicaDiedError: The ",
 )
 STEPS = 3
 FULL_DISK, NODE_LOSS, DRIVER_KILL, SAVE_KILL = "full_disk", "node_loss", "driver_kill", "save_kill"
@@ -129,8 +131,7 @@ def start_faulted_run(
 
     rollout = "vllm" if fault in VLLM_FAULTS else "hf"
     cfg = QuickstartConfig(data="embedded", model=model, mode=mode, rollout=rollout, algorithm="grpo", steps=steps,
-                           prompts_per_step=2,
-                           samples_per_prompt=2, max_response_length=8, validate_at_end=False,
+                           prompts_per_step=2, samples_per_prompt=2, max_response_length=8, validate_at_end=False,
                            ray_address=ray_address, out_dir=run_dir)  # fmt: skip
     train_file, val_file = write_embedded_dataset(os.path.join(run_dir, "data"))
     worker_env = {}
@@ -445,6 +446,8 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
             outcome = ("resumed" if fault in RESUMED_FAULTS else "recovered") if killed else "not injected"
     else:
         outcome = "stopped" if diagnosed else "failed"
+        if killed == 0:  # it ended before the fault could come: the cell must not pass for the fault's outcome
+            outcome += " before the fault"
     left = max(processes_left(run_dir), left_by_the_killed)  # Ray reaps the job's actors once its driver is gone
     added = shm_left_since(shm_before)
     resumed = re.search(r"Resuming from \S*global_step_(\d+)", text) if fault in RESUMED_FAULTS else None

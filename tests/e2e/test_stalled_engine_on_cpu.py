@@ -4,8 +4,9 @@ bounded time.
 Three runs of ``one_off_pipeline``, one after another, through verl's stock entrypoint on the shared cluster, each
 with a fault from its first rollout request on (:func:`verl_pipe.backends.cpu.faults.engine_fault`, through the servers'
 timing slot): ``stall`` holds every request forever while the server is up and answers; ``kill`` kills the
-server's process in the middle of its first request. With the stall watch at 5 s, each of the first two runs ends
-with one error that names the wait, what TransferQueue holds and how the replica answers (stuck, or dead). The
+server's process in the middle of its first request. The first run, with the stall watch at 5 s, and the second,
+with the watch at 10 minutes (a dead replica is seen by the watch's look at the actors, every 5 s of a stall), each
+end with one error that names the wait, what TransferQueue holds and how the replica answers (stuck, or dead). The
 control is the stalled run with the watch off (``stall_timeout_s=null``, verl's own behaviour): it is still
 waiting, with no step done, well past the point where the watch stopped the stalled run, and is then killed. After
 each run, none of its processes is alive and /dev/shm holds nothing it added. (verl's own
@@ -14,6 +15,7 @@ each run, none of its processes is alive and /dev/shm holds nothing it added. (v
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -23,6 +25,7 @@ from verl_pipe.local_jobs import read_steps, stop_process_group
 
 MODE = "one_off_pipeline"
 STALL_TIMEOUT_S = 5
+DEAD_REPLICA_TIMEOUT_S = 600
 # The control must still be waiting this long past the point where the watch stopped the stalled run.
 CONTROL_GRACE_S = 15
 
@@ -39,12 +42,15 @@ def test_the_stall_watch_stops_a_run_whose_engine_stalled_or_died(tmp_path, tiny
     # One run at a time: runs that wait forever hold their share of the shared cluster, and the control must not
     # keep a watched run from being placed.
     durations = {}
-    cases = (("stalled", "stall", "its server answers"), ("killed", "kill", "its server is dead"))
-    for name, fault, replica_says in cases:
+    # the killed server's run has a watch of 10 minutes: a dead replica is found by the watch's look at the actors,
+    # every 5 s of a stall, not by the timeout
+    cases = (("stalled", "stall", "its server answers", STALL_TIMEOUT_S),
+             ("killed", "kill", "its server is dead", DEAD_REPLICA_TIMEOUT_S))  # fmt: skip
+    for name, fault, replica_says, timeout_s in cases:
         shm_before = shm_files()
         started = time.monotonic()
         process, log_path = start_faulted_run(str(tmp_path / name), tiny_model_path, ray_cluster, MODE, fault,
-                                              stall_timeout_s=STALL_TIMEOUT_S, steps=2)  # fmt: skip
+                                              stall_timeout_s=timeout_s, steps=2)  # fmt: skip
         try:
             rc = process.wait(timeout=420)
         finally:
@@ -56,6 +62,9 @@ def test_the_stall_watch_stops_a_run_whose_engine_stalled_or_died(tmp_path, tiny
         assert "while the trainer waited for 2 prompt groups of step 1" in log
         assert "0 finished" in log and f"replica 0: {replica_says}" in log, tail_of(log_path)
         assert f"trainer.v1.{MODE}.stall_timeout_s" in log
+        stalled_s = int(re.search(r"made no progress for (\d+) s", log).group(1))
+        if fault == "kill":
+            assert stalled_s < 30 and "Rollout replica 0 died" in log, tail_of(log_path)
         _assert_nothing_left(str(tmp_path / name), shm_before)
     # the control: without the watch the same stall is waited on forever. It started as the stalled run did, so
     # after that run's whole life and CONTROL_GRACE_S more it has waited CONTROL_GRACE_S past the watch's timeout.

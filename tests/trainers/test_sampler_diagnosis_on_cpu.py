@@ -51,9 +51,17 @@ while True:
         break
 one_dead = PipelinedTrainer._describe_sampler(trainer)
 workers.pop()
-trainer.standalone_server_manager.get_replicas = lambda: [
-    SimpleNamespace(replica_rank=0, servers=[server]), SimpleNamespace(replica_rank=1, servers=[ServerWithADeadEngine.remote()])]
-print(json.dumps({"healthy": healthy, "one_dead": one_dead, "dead_engine": PipelinedTrainer._describe_sampler(trainer)}))
+replicas = [SimpleNamespace(replica_rank=0, servers=[server]),
+            SimpleNamespace(replica_rank=1, servers=[ServerWithADeadEngine.remote()])]
+trainer.standalone_server_manager.get_replicas = lambda: replicas
+dead_engine = PipelinedTrainer._describe_sampler(trainer)
+trainer.global_steps, trainer._checkpoint_dir = 4, lambda: "/nowhere"
+try:
+    PipelinedTrainer._check_engines_before_sync(trainer)
+    before_sync = None
+except Exception as error:
+    before_sync = f"{type(error).__name__}: {error}"
+print(json.dumps({"healthy": healthy, "one_dead": one_dead, "dead_engine": dead_engine, "before_sync": before_sync}))
 """
 
 
@@ -82,6 +90,13 @@ def test_a_dead_engine_under_a_live_server_is_named_as_the_cause(answers):
     assert cause.startswith("Rollout replica 1 died (its server or its engine process"), cause
     # the control: replica 0's server (which cannot tell of an engine) is not blamed
     assert "replica 0: its server answers (its engine, not the server, is stuck)" in facts
+
+
+def test_a_weight_sync_into_a_dead_engine_is_refused_before_it_starts(answers):
+    """verl's bucket sender would wait for ever on a dead engine's socket (in_flight_pipeline, which does not abort
+    first, hung there in `make chaos --faults engine_kill`)."""
+    assert answers["before_sync"].startswith("RolloutReplicaDiedError: Rollout replica 1 died during step 4: its "
+                                             "server says its engine process (VLLM::EngineCore) is dead"), answers  # fmt: skip
 
 
 def test_the_stall_error_carries_the_cause_the_trainer_found():

@@ -107,8 +107,8 @@ class _ForkServer:
 
 
 class _Child:
-    """One scoring process (a child of the fork server, not of this process: held by a pidfd, so a recycled pid is
-    never signalled)."""
+    """One scoring process: a child of the fork server, not of this process, so it is held by a pidfd (opened as
+    soon as its pid comes back), which a later reuse of the pid cannot redirect."""
 
     def __init__(self, pid: int, connection: socket.socket):
         self.pid = pid

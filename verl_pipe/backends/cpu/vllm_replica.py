@@ -51,6 +51,9 @@ logger = logging.getLogger("verl_pipe")
 # KV cache per replica when neither engine_kwargs.vllm.kv_cache_memory_bytes nor VLLM_CPU_KVCACHE_SPACE is set.
 # 1 GiB holds ~45k tokens of SmolLM2-135M (30 layers x 3 KV heads x 64 x bf16); raise it for larger models.
 DEFAULT_KV_CACHE_BYTES = 1 << 30
+# How often a weight RPC into the engine checks that the engine process still lives (vLLM's async client would wait
+# for its answer for ever).
+ENGINE_CHECK_EVERY_S = 2.0
 
 
 class CPUvLLMHttpServer(vLLMHttpServer):
@@ -110,10 +113,29 @@ class CPUvLLMHttpServer(vLLMHttpServer):
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         loads = self._in_flight
         if loads is None or method != "update_weights_from_ipc":
-            return await super().collective_rpc(method, timeout=timeout, args=args, kwargs=kwargs)
+            return await self._while_the_engine_lives(
+                super().collective_rpc(method, timeout=timeout, args=args, kwargs=kwargs)
+            )
         async with loads.loading():
-            results = await self.engine.collective_rpc(method=method, timeout=timeout, args=args, kwargs=kwargs)
+            results = await self._while_the_engine_lives(
+                self.engine.collective_rpc(method=method, timeout=timeout, args=args, kwargs=kwargs)
+            )
             loads.record(results[0]["sampled_before"])  # every rank runs the same requests
+
+    async def _while_the_engine_lives(self, call):
+        """Await ``call`` (an RPC into the engine), but raise vLLM's ``EngineDeadError`` once the engine process is
+        gone: vLLM's async client never notices, and a weight sync would wait for its answer for ever (seen in
+        ``make chaos --faults engine_kill``: ``in_flight_pipeline`` hung there)."""
+        task = asyncio.ensure_future(call)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=ENGINE_CHECK_EVERY_S)
+            if done:
+                return task.result()
+            if await self.engine_health():
+                task.cancel()
+                from vllm.v1.engine.exceptions import EngineDeadError
+
+                raise EngineDeadError()
 
     async def engine_health(self) -> Optional[str]:
         """None while vLLM's engine runs; what is wrong once its engine process is gone. The actor itself answers

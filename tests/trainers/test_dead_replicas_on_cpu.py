@@ -1,10 +1,11 @@
-"""A vLLM engine process that died under its server stops the pipelined trainers with one error naming the server,
-the step and the resume (:mod:`verl_pipe.trainers.dead_engines`), instead of vLLM's "EngineCore encountered an
-issue. See stack trace (above) for the root cause".
+"""A rollout replica that died stops the pipelined trainers with one error naming it, the step and the resume
+(:mod:`verl_pipe.trainers.dead_replicas`): its server actor (Ray's ``ActorDiedError``, which names neither), or the
+vLLM engine process under a live server (vLLM's "EngineCore encountered an issue. See stack trace (above) for the
+root cause").
 
-The errors are built as Ray hands them to the trainer: a ``RayTaskError`` of the server's call that is also vLLM's
-``EngineDeadError`` (matched by name: vLLM is not in this virtualenv; ``make chaos --faults engine_kill`` meets the
-real one).
+The errors are built as Ray hands them to the trainer, with the texts ``make chaos`` recorded: a ``RayTaskError`` of
+the server's call that is also vLLM's ``EngineDeadError`` (matched by name: vLLM is not in this virtualenv), and an
+``ActorDiedError`` naming the dead actor.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from ray.exceptions import RayTaskError
+from ray.exceptions import ActorDiedError, RayTaskError
 
-from verl_pipe.trainers.dead_engines import RolloutEngineDiedError, diagnosing_dead_engines, engine_death
+from verl_pipe.trainers.dead_replicas import (
+    RolloutReplicaDiedError,
+    diagnosing_dead_replicas,
+    engine_death,
+    server_death,
+)
 
 
 class EngineDeadError(Exception):  # stands for vllm.v1.engine.exceptions.EngineDeadError
@@ -43,8 +49,8 @@ def _checkpoints(tmp_path, saved: int) -> str:
 
 def test_a_dead_engine_is_named_with_its_server_the_step_and_the_resume(tmp_path):
     checkpoints = _checkpoints(tmp_path, saved=2)
-    with pytest.raises(RolloutEngineDiedError) as caught:
-        with diagnosing_dead_engines(lambda: 3, checkpoints):
+    with pytest.raises(RolloutReplicaDiedError) as caught:
+        with diagnosing_dead_replicas(lambda: 3, checkpoints):
             raise _from_server(EngineDeadError("EngineCore encountered an issue. See stack trace (above)"))
     text = str(caught.value)
     assert "CPUvLLMHttpServer (pid 10987 on 192.0.2.2), met in its abort_all_requests call" in text, text
@@ -63,10 +69,35 @@ def test_a_dead_engine_inside_another_error_is_found(tmp_path):
         assert "ray::CPUvLLMHttpServer.abort_all_requests()" in str(engine_death(outer))
 
 
+def _actor_died(class_name: str) -> ActorDiedError:
+    """The ActorDiedError the one_off_pipeline trainer met in `make chaos --faults vllm_server_kill`, built as Ray
+    builds it."""
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+
+    context = ActorDiedErrorContext(class_name=class_name, actor_id=bytes.fromhex("35c85dda7bb91cc7e076a3f506000000"),
+                                    pid=25073, name="vllm_server_0_0", ray_namespace="ca75ca9c",
+                                    node_ip_address="192.0.2.2",
+                                    error_message="The actor is dead because its worker process has died.")  # fmt: skip
+    return ActorDiedError(context)
+
+
+def test_a_dead_rollout_server_is_named_with_the_step_and_the_resume(tmp_path):
+    checkpoints = _checkpoints(tmp_path, saved=4)
+    with pytest.raises(RolloutReplicaDiedError) as caught:
+        with diagnosing_dead_replicas(lambda: 5, checkpoints):
+            raise _actor_died("CPUvLLMHttpServer")
+    text = str(caught.value)
+    assert text.startswith("The rollout server CPUvLLMHttpServer (actor vllm_server_0_0, pid 25073 on 192.0.2.2) "
+                           "died during step 5"), text  # fmt: skip
+    assert f"resumes from {os.path.join(checkpoints, 'global_step_4')}" in text, text
+
+
 def test_control_any_other_error_passes_unchanged(tmp_path):
     checkpoints = _checkpoints(tmp_path, saved=1)
     other = _from_server(ValueError("a bad request"))
     with pytest.raises(ValueError) as caught:
-        with diagnosing_dead_engines(lambda: 3, checkpoints):
+        with diagnosing_dead_replicas(lambda: 3, checkpoints):
             raise other
     assert caught.value is other and engine_death(other) is None
+    # another actor's death (a reward worker) is not a replica's
+    assert server_death(_actor_died("RewardLoopWorker")) is None
