@@ -68,7 +68,7 @@ DIAGNOSES = (
     "the sampler made no progress for",
     "CheckpointSaveError: the checkpoint of step",
     "LostNodeError: Ray node",
-    "RolloutReplicaDiedError: The ",
+    "RolloutReplicaDiedError: ",
 )
 STEPS = 3
 FULL_DISK, NODE_LOSS, DRIVER_KILL, SAVE_KILL = "full_disk", "node_loss", "driver_kill", "save_kill"
