@@ -13,12 +13,14 @@ def test_the_table_has_a_row_per_mode_and_a_cell_per_fault(tmp_path):
         CaseResult("sync", "stall", "hung", 180.4, 0, 0, 0),
         CaseResult("one_off_pipeline", "stall", "stopped", 61.0, 0, 0, 0),
         CaseResult("one_off_pipeline", "kill", "stopped", 58.2, 0, 2, 3 * 2**20),
+        CaseResult("minibatch_pipeline", "stall", "stopped", 60.0, 0, 0, 32),
     ]
     table = format_table(results).splitlines()
     assert table[0] == "| mode | stall | kill |"
     assert table[2] == "| `sync` | hung after 180 s (0/3 steps) | - |"
     assert table[3] == ("| `one_off_pipeline` | stopped after 61 s (0/3 steps) | stopped after 58 s (0/3 steps; left 2 "
                         "processes; left 3 MiB in /dev/shm) |")  # fmt: skip
+    assert table[4] == "| `minibatch_pipeline` | stopped after 60 s (0/3 steps; left 32 bytes in /dev/shm) | - |"
 
 
 @pytest.mark.parametrize("modes, faults, name", [(["async"], ["stall"], "async"), (["sync"], ["melt"], "melt")])

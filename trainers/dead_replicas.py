@@ -11,14 +11,20 @@ weight sync, the weight RPC itself):
   that met it.
 
 The pipelined trainers wrap their loop in :func:`diagnosing_dead_replicas`, which turns either into
-:class:`RolloutReplicaDiedError`. No replica is restarted in place (docs/faults.md says what is not survived yet).
+:class:`RolloutReplicaDiedError`. A weight sync is the one call that meets neither: verl's bucket sender waits on
+the engine's socket with no timeout, so a sync into an engine that is dead, or dies mid-transfer, would wait for
+ever; :func:`call_while_engines_live` asks the servers about their engines before and during it. No replica is
+restarted in place (docs/faults.md says what is not survived yet).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from typing import Callable, Optional
+import threading
+from typing import Any, Callable, Optional
+
+import ray
 
 ENGINE_DEAD = "EngineDeadError"  # vLLM's (vllm.v1.engine.exceptions); matched by name, vLLM being optional
 # The head of a RayTaskError's text, which names the actor's call and its process (the error Ray re-raises keeps no
@@ -67,8 +73,6 @@ def _field(text: str, name: str) -> str:
 
 
 def describe_dead_replica(death: BaseException, step: Optional[int], checkpoint_dir: str) -> str:
-    from verl_pipe.trainers.checkpoint_guard import resume_advice
-
     text = str(death)
     when = "during the run" if step is None else f"during step {step}"
     if server := SERVER_CLASS.search(text):
@@ -80,10 +84,65 @@ def describe_dead_replica(death: BaseException, step: Optional[int], checkpoint_
                  "call" if call else "a rollout server")  # fmt: skip
         what = (f"The engine process under {under}, died {when}: vLLM raised {ENGINE_DEAD} (its engine process, "
                 "VLLM::EngineCore, exited: killed, or out of memory; the server's log holds its last lines)")
-    return (
-        f"{what}. verl-pipe does not restart a replica in place, so the run cannot go on without it. Check the "
-        f"machine's memory (dmesg for the OOM killer) and rerun the same command: {resume_advice(checkpoint_dir)}"
-    )
+    return f"{what}. {_what_to_do(checkpoint_dir)}"
+
+
+def _what_to_do(checkpoint_dir: str) -> str:
+    from verl_pipe.trainers.checkpoint_guard import resume_advice
+
+    return ("verl-pipe does not restart a replica in place, so the run cannot go on without it. Check the machine's "
+            f"memory (dmesg for the OOM killer) and rerun the same command: {resume_advice(checkpoint_dir)}")
+
+
+def engine_health(server, timeout_s: float = 5.0) -> Optional[str]:
+    """What a rollout server says of its engine (``engine_health``, where its class has one: vLLM's server on the CPU
+    backend), None when it is well or cannot say."""
+    ask = getattr(server, "engine_health", None)
+    if ask is None:
+        return None
+    try:
+        return ray.get(ask.remote(), timeout=timeout_s)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
+        return None
+
+
+def raise_if_an_engine_died(replicas, step: Optional[int], checkpoint_dir: str) -> None:
+    """Ask each replica's servers about their engines (one call each; servers that cannot tell say nothing) and
+    raise :class:`RolloutReplicaDiedError` for the first that is dead."""
+    for replica in replicas:
+        for server in replica.servers:
+            if problem := engine_health(server):
+                raise RolloutReplicaDiedError(
+                    f"Rollout replica {replica.replica_rank} died during step {step}: its server says {problem}. "
+                    f"{_what_to_do(checkpoint_dir)}"
+                )
+
+
+def call_while_engines_live(call: Callable[[], Any], replicas, step: Optional[int], checkpoint_dir: str,
+                            check_every_s: float = 2.0) -> Any:  # fmt: skip
+    """``call()`` (a weight sync), with the replicas' engines checked before it and every ``check_every_s`` while it
+    waits: a dead engine raises :class:`RolloutReplicaDiedError` instead of a wait for ever. The call then runs on
+    in its own daemon thread, stuck on a socket nothing will answer, until the run's processes end."""
+    raise_if_an_engine_died(replicas, step, checkpoint_dir)
+    if not any(getattr(server, "engine_health", None) is not None for r in replicas for server in r.servers):
+        return call()  # no server can tell of its engine (the hf server's engine is the server itself)
+    outcome: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread as is
+            outcome["error"] = error
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="weight-sync", daemon=True).start()
+    while not finished.wait(check_every_s):
+        raise_if_an_engine_died(replicas, step, checkpoint_dir)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 @contextlib.contextmanager

@@ -13,7 +13,8 @@ It runs in two places. In the pipelined trainers (inside verl's TaskRunner actor
 the driver of every ``python -m verl.trainer.main_ppo`` run (:func:`_patch_run_ppo`), which outlives any other
 node, for verl's own modes and for a TaskRunner that was itself on the lost node; there the step is not known. The
 same patch places the TaskRunner on the trainer's node when ``VERL_PIPE_POOL_NODES`` names one (verl places it on
-any node, and a TaskRunner lost with the sampler's node takes the trainer's diagnosis with it).
+any node, and a TaskRunner lost with the sampler's node takes the trainer's diagnosis with it), and at the driver's
+exit removes the shared-memory segments the run's killed processes left (:mod:`verl_pipe.backends.cpu.shm`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Callable
 import ray
 
 from verl_pipe.backends.cpu.pool_nodes import POOL_NODES_ENV, pool_node_resources
+from verl_pipe.backends.cpu.shm import remove_orphans_at_exit
 from verl_pipe.patching import fired, is_patched
 from verl_pipe.patching import mark_patched as _mark
 
@@ -196,9 +198,11 @@ class PlacedActorClass:
 
 
 def run_ppo_diagnosed(run_ppo: Callable) -> Callable:
-    """verl's ``run_ppo`` with its TaskRunner on the trainer's node (when one is named) and lost nodes diagnosed."""
+    """verl's ``run_ppo`` with its TaskRunner on the trainer's node (when one is named) and lost nodes diagnosed;
+    at the driver's exit, the shared-memory segments the run's killed processes left are removed."""
 
     def run(config, task_runner_class):
+        remove_orphans_at_exit()
         placement = driver_pool_nodes(config)
         nodes_at_start: dict[str, NodeView] = {}
 
@@ -207,7 +211,7 @@ def run_ppo_diagnosed(run_ppo: Callable) -> Callable:
 
         placed = PlacedActorClass(task_runner_class, placement.get("trainer"), note_nodes)
         checkpoint_dir = os.path.abspath(str(config.trainer.default_local_dir))
-        fired("driver_lost_node_diagnosis")
+        fired("driver_run_ppo")
         with diagnosing_lost_nodes(lambda: None, checkpoint_dir, placement=placement, before=nodes_at_start):
             return run_ppo(config, placed)
 

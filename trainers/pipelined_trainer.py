@@ -35,9 +35,9 @@ import ray
 from omegaconf import open_dict
 
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
-from verl_pipe.trainers.checkpoint_guard import check_resumable, resume_advice, saving_checkpoint
+from verl_pipe.trainers.checkpoint_guard import check_resumable, saving_checkpoint
 from verl_pipe.trainers.config import PipelineConfig
-from verl_pipe.trainers.dead_replicas import RolloutReplicaDiedError, diagnosing_dead_replicas
+from verl_pipe.trainers.dead_replicas import call_while_engines_live, diagnosing_dead_replicas, engine_health
 from verl_pipe.trainers.filtered_samples import FilteredSamples
 from verl_pipe.trainers.layout_checks import check_layout
 from verl_pipe.trainers.lost_nodes import diagnosing_lost_nodes
@@ -58,18 +58,6 @@ def ping(actor, timeout_s: float = 5.0) -> str:
         return f"does not answer within {timeout_s:.0f} s"
     except ray.exceptions.RayActorError as error:
         return f"is dead ({type(error).__name__})"
-
-
-def engine_health(server, timeout_s: float = 5.0) -> str | None:
-    """What a rollout server says of its engine (``engine_health``, where its class has one: vLLM's server on the CPU
-    backend), None when it is well or cannot say."""
-    ask = getattr(server, "engine_health", None)
-    if ask is None:
-        return None
-    try:
-        return ray.get(ask.remote(), timeout=timeout_s)
-    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
-        return None
 
 
 class PipelinedTrainer(PPOTrainerSeparateAsync):
@@ -221,31 +209,18 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         updates in the weights sent, not the current step (a sync that waited for the sampler happens during the
         next step, while the trainer still holds the previous step's weights).
         """
-        self._check_engines_before_sync()
         resume = self._timeline.current_phase
         self._phase("sync")
         started = time.perf_counter()
-        self._pending_sync_metrics = dict(self.standalone_checkpoint_manager.update_weights(version) or {})
+        metrics = call_while_engines_live(
+            lambda: self.standalone_checkpoint_manager.update_weights(version),
+            self.standalone_server_manager.get_replicas(), self.global_steps, self._checkpoint_dir())  # fmt: skip
+        self._pending_sync_metrics = dict(metrics or {})
         seconds = time.perf_counter() - started
         self._phase(resume)
         self._timeline.add_seconds("sync", seconds)
         if inside_gen_timer:  # verl's "gen" timer is running: keep the sync out of the trainer's wait for samples
             self._timeline.add_seconds("sync_inside_gen", seconds)
-
-    def _check_engines_before_sync(self) -> None:
-        """A weight transfer into a dead vLLM engine waits for ever (verl's bucket sender waits on the engine's
-        socket; the modes that abort first meet vLLM's EngineDeadError there, in_flight_pipeline does not abort):
-        ask each replica's server first (one call each; servers that cannot tell say nothing)."""
-        for replica in self.standalone_server_manager.get_replicas():
-            for server in replica.servers:
-                problem = engine_health(server)
-                if problem:
-                    raise RolloutReplicaDiedError(
-                        f"Rollout replica {replica.replica_rank} died during step {self.global_steps}: its server "
-                        f"says {problem}. verl-pipe does not restart a replica in place, so the run cannot go on "
-                        "without it. Check the machine's memory (dmesg for the OOM killer) and rerun the same "
-                        f"command: {resume_advice(self._checkpoint_dir())}"
-                    )
 
     # --- the trainer's timeline track ------------------------------------------------------------------------------
 

@@ -465,6 +465,10 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
     return result
 
 
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 2**20:.0f} MiB" if n_bytes >= 2**20 else f"{n_bytes} bytes"  # a stray semaphore is 32
+
+
 def format_table(results: list[CaseResult]) -> str:
     faults = sorted({r.fault for r in results}, key=CHAOS_FAULTS.index)
     modes = [m for m in TRAINER_MODES if any(r.mode == m for r in results)]
@@ -479,7 +483,7 @@ def format_table(results: list[CaseResult]) -> str:
                 cells.append("-")
                 continue
             left = f"; left {r.leftover_processes} processes" if r.leftover_processes else ""
-            shm = f"; left {r.leftover_shm_bytes / 2**20:.0f} MiB in /dev/shm" if r.leftover_shm_bytes else ""
+            shm = f"; left {_size(r.leftover_shm_bytes)} in /dev/shm" if r.leftover_shm_bytes else ""
             saved = f"; resumes from step {r.resumes_from}" if r.resumes_from else ""
             if r.fault in RESUMED_FAULTS:
                 saved = f"; resumed from step {r.resumes_from}" if r.resumes_from else "; no resume"

@@ -111,7 +111,8 @@ SEVERAL_NODES = PatchGroup(
     title="More than one Ray node: pools on named nodes (`VERL_PIPE_POOL_NODES`), a lost node diagnosed",
     note="verl places each pool and its TaskRunner wherever they fit first; on a cluster of several nodes these put "
     "the trainer pool (and the TaskRunner) and the sampler pool on the nodes named by a custom resource, and turn "
-    "the loss of a node into one error naming it.",
+    "the loss of a node into one error naming it; the same driver wrapper removes, at its exit, the /dev/shm "
+    "segments the run's killed processes left.",
     patches=(
         VerlPatch(
             name="pool_node_resources",
@@ -125,14 +126,17 @@ SEVERAL_NODES = PatchGroup(
             when="cpu platform",
         ),
         VerlPatch(
-            name="driver_lost_node_diagnosis",
+            name="driver_run_ppo",
             target="verl.trainer.main_ppo:run_ppo",
             fingerprint="runner = task_runner_class.remote()",
             why="verl places its TaskRunner, the actor that drives the run, on any node, and a lost node ends the run "
             "with whatever Ray raises first (`ActorDiedError`, or `ActorUnavailableError` naming an actor id), saying "
-            "neither which node went nor what ran there; a TaskRunner on that node goes with it",
-            upstream="a placement option for the TaskRunner (a resource or node label), and a driver that names a "
-            "dead node when the run's actors die with it",
+            "neither which node went nor what ran there; a TaskRunner on that node goes with it. And a run whose "
+            "weight sender or receiver was SIGKILLed, or ended by Ray at the job's end, leaves its weight buckets in "
+            "/dev/shm (400 MiB to 2.4 GiB measured with vLLM), which nothing removes",
+            upstream="a placement option for the TaskRunner (a resource or node label), a driver that names a "
+            "dead node when the run's actors die with it, and bucket segments unlinked by their receiver once "
+            "attached (so a dead sender leaves nothing)",
             apply="verl_pipe.trainers.lost_nodes:_patch_run_ppo",
             # python -m runs the entrypoint as __main__, which no import hook sees; validate_config is what its
             # main() calls just before run_ppo

@@ -379,14 +379,14 @@ def follow_training(argv: list[str], env: dict[str, str], run_dir: str, steps: i
     """Run the trainer, print one summary line per step as verl logs it, and write metrics.jsonl."""
     from tqdm import tqdm
 
-    from verl_pipe.backends.cpu.shm import removing_leaked_weight_buckets
+    from verl_pipe.backends.cpu.shm import removing_orphaned_segments
     from verl_pipe.run_metrics import VerlMetricsTail, summarize_step
 
     log_path = os.path.join(run_dir, "train.log")
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     tail = VerlMetricsTail(env["VERL_FILE_LOGGER_PATH"])
     with open(log_path, "w", encoding="utf-8") as log, open(metrics_path, "w", encoding="utf-8") as metrics_out, \
-            removing_leaked_weight_buckets():
+            removing_orphaned_segments():
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         bar = tqdm(total=steps, desc="RL steps", unit="step", dynamic_ncols=True)
         seen: set[int] = set()

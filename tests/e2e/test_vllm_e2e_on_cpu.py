@@ -39,7 +39,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from verl_pipe.backends.cpu.shm import removing_leaked_weight_buckets
+from verl_pipe.backends.cpu.shm import removing_orphaned_segments
 from verl_pipe.data.embedded import write_embedded_dataset
 from verl_pipe.data.function_family import write_function_dataset
 from verl_pipe.quickstart import training_overrides
@@ -90,7 +90,7 @@ VAL_PROBLEMS = 8  # of the demo's 120 held-out problems: the validation's path, 
 @pytest.fixture(autouse=True)
 def _remove_leaked_weight_buckets():
     """Each test's job is over when the test is: the weight-bucket segments it left in /dev/shm go."""
-    with removing_leaked_weight_buckets():
+    with removing_orphaned_segments():
         yield
 
 

@@ -18,12 +18,13 @@ import pytest
 from verl_pipe.trainers.replay_buffer import PipelineReplayBuffer
 
 SCRIPT = r"""
-import json, sys
+import json, sys, threading, time
 from types import SimpleNamespace
 import ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 import verl.trainer.ppo.v1  # verl's trainers first: importing them imports ours, the way a run does
 from verl_pipe.trainers.pipelined_trainer import PipelinedTrainer
+from verl_pipe.trainers.dead_replicas import call_while_engines_live
 
 @ray.remote(num_cpus=0)
 class Alive:
@@ -33,6 +34,14 @@ class Alive:
 class ServerWithADeadEngine:  # answers pings, as vLLM's server does once its EngineCore process is gone
     def engine_health(self):
         return "its engine process (VLLM::EngineCore) is dead"
+
+@ray.remote(num_cpus=0)
+class ServerWhoseEngineDiesIn:  # its engine process dies ``seconds`` after the server starts (mid-transfer)
+    def __init__(self, seconds):
+        self.dies_at = time.monotonic() + seconds
+
+    def engine_health(self):
+        return "its engine process (VLLM::EngineCore) is dead" if time.monotonic() > self.dies_at else None
 
 server, first, second = Alive.remote(), Alive.remote(), Alive.remote()
 ray.get([a.__ray_ready__.remote() for a in (server, first, second)])
@@ -55,13 +64,26 @@ replicas = [SimpleNamespace(replica_rank=0, servers=[server]),
             SimpleNamespace(replica_rank=1, servers=[ServerWithADeadEngine.remote()])]
 trainer.standalone_server_manager.get_replicas = lambda: replicas
 dead_engine = PipelinedTrainer._describe_sampler(trainer)
-trainer.global_steps, trainer._checkpoint_dir = 4, lambda: "/nowhere"
-try:
-    PipelinedTrainer._check_engines_before_sync(trainer)
-    before_sync = None
-except Exception as error:
-    before_sync = f"{type(error).__name__}: {error}"
-print(json.dumps({"healthy": healthy, "one_dead": one_dead, "dead_engine": dead_engine, "before_sync": before_sync}))
+
+
+def sync(replicas, seconds=None):  # a weight sync of `seconds` (None: for ever, as verl's sender on a dead engine)
+    def transfer():
+        threading.Event().wait(seconds)
+        return {"synced": True}
+    started = time.monotonic()
+    try:
+        outcome = call_while_engines_live(transfer, replicas, 4, "/nowhere", check_every_s=0.5)
+    except Exception as error:
+        outcome = f"{type(error).__name__}: {error}"
+    return outcome, round(time.monotonic() - started, 1)
+
+before_sync = sync(replicas, seconds=0)
+dies = [SimpleNamespace(replica_rank=2, servers=[ServerWhoseEngineDiesIn.remote(2.0)])]
+mid_sync = sync(dies)
+lives = [SimpleNamespace(replica_rank=2, servers=[ServerWhoseEngineDiesIn.remote(600.0)])]
+healthy_sync = sync(lives, seconds=3.0)
+print(json.dumps({"healthy": healthy, "one_dead": one_dead, "dead_engine": dead_engine, "before_sync": before_sync,
+                  "mid_sync": mid_sync, "healthy_sync": healthy_sync}))
 """
 
 
@@ -95,9 +117,19 @@ def test_a_dead_engine_under_a_live_server_is_named_as_the_cause(answers):
 def test_a_weight_sync_into_a_dead_engine_is_refused_before_it_starts(answers):
     """verl's bucket sender would wait for ever on a dead engine's socket (in_flight_pipeline, which does not abort
     first, hung there in `make chaos --faults engine_kill`)."""
-    refused = answers["before_sync"]
+    refused, _ = answers["before_sync"]
     assert refused.startswith("RolloutReplicaDiedError: Rollout replica 1 died during step 4: its server says its "
                               "engine process (VLLM::EngineCore) is dead"), refused  # fmt: skip
+    assert "rerun the same command" in refused
+
+
+def test_an_engine_that_dies_mid_transfer_ends_the_sync_instead_of_a_wait_for_ever(answers):
+    stopped, seconds = answers["mid_sync"]
+    assert stopped.startswith("RolloutReplicaDiedError: Rollout replica 2 died during step 4"), stopped
+    assert seconds < 10, seconds  # dies 2 s in, checked every 0.5 s
+    # the control: a slow sync with its engine alive is waited for to its end, and returns what the sync returned
+    synced, seconds = answers["healthy_sync"]
+    assert synced == {"synced": True} and seconds >= 3.0
 
 
 def test_the_stall_error_carries_the_cause_the_trainer_found():
