@@ -1,9 +1,10 @@
 """Start-up checks of a pipelined mode's layout: each names the key and the fix before any worker starts.
 
 Hybrid replicas on, the ``naive`` checkpoint engine between separate pools, a batch that does not split into
-minibatches, uniform-group skipping with one sample per prompt, DAPO's group filter (which our replay buffer
-does not run), pools larger than the Ray cluster. The trainer runs them in its constructor; the recipes' dry run
-(:mod:`verl_pipe.recipe_check`) runs the same checks without one.
+minibatches, uniform-group skipping with one sample per prompt, DAPO's group filter where it cannot run (a mode
+without refill yet, one sample per prompt, a reward known only after sampling), pools larger than the Ray cluster.
+The trainer runs them in its constructor; the recipes' dry run (:mod:`verl_pipe.recipe_check`) runs the same checks
+without one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ray
 
 from verl_pipe.trainers.config import PipelineConfig, PipelineConfigError
+from verl_pipe.trainers.dynamic_sampling import DynamicSamplingConfig
 from verl_pipe.trainers.sampler_slot import user_sampler_configured
 
 
@@ -52,13 +54,8 @@ def check_layout(mode: str, pipeline_cfg: PipelineConfig, config) -> None:
             f"trainer.v1.{mode}.skip_uniform_reward_groups=true with actor_rollout_ref.rollout.n={rollout.n}: "
             "a group of one sample is always uniform, so every batch would be skipped; sample n >= 2 per prompt"
         )
-    filter_groups = config.get("algorithm", {}).get("filter_groups", None)
-    if filter_groups is not None and filter_groups.get("enable", False) and not user_sampler_configured(config):
-        # verl hands a custom sampler (ours) no DAPO filter metric: the setting would be silently ignored.
-        raise PipelineConfigError(
-            f"algorithm.filter_groups.enable=true is not supported by trainer.v1.trainer_mode={mode}: set it to "
-            f"false; to drop groups whose rewards are all equal use trainer.v1.{mode}.skip_uniform_reward_groups=true"
-        )
+    if not user_sampler_configured(config):  # a user's own sampler owns its filtering
+        DynamicSamplingConfig.from_verl(mode, config)  # algorithm.filter_groups: checked here, run by our buffer
     device = str(config.trainer.get("device", "cuda"))
     resource = "CPU" if device == "cpu" else ("NPU" if device == "npu" else "GPU")
     trainer_ranks = config.trainer.nnodes * config.trainer.n_gpus_per_node

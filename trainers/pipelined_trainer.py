@@ -38,6 +38,7 @@ from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl_pipe.trainers.checkpoint_guard import check_resumable, saving_checkpoint
 from verl_pipe.trainers.config import PipelineConfig
 from verl_pipe.trainers.dead_replicas import call_while_engines_live, diagnosing_dead_replicas, engine_health
+from verl_pipe.trainers.dynamic_sampling import DynamicSampling, DynamicSamplingConfig
 from verl_pipe.trainers.filtered_samples import FilteredSamples
 from verl_pipe.trainers.layout_checks import check_layout
 from verl_pipe.trainers.lost_nodes import diagnosing_lost_nodes
@@ -125,6 +126,11 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
     def _build_replay_buffer(self):
         buffer = super()._build_replay_buffer()
         buffer.describe_sampler = self._describe_sampler  # what the stall watch reports of the replicas
+        dynamic = DynamicSamplingConfig.from_verl(self.MODE, self.config)
+        if dynamic is not None and hasattr(buffer, "dynamic_sampling"):  # ours, not a user's own sampler
+            # verl gives its DAPO metric to its own buffer only; ours runs verl's drop-and-refill with it
+            buffer.filter_groups_metric = dynamic.metric
+            buffer.dynamic_sampling = DynamicSampling(dynamic)
         return buffer
 
     def _describe_sampler(self) -> tuple[str, str | None]:
@@ -275,8 +281,15 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         metrics["pipeline/prompts_trained"] = len({key.split("_")[0] for key in trained_keys})
         metrics["pipeline/prompts_consumed"] = len({key.split("_")[0] for key in consumed_keys})
         metrics.update(self._filtered.count_metrics())
+        dropped_uniform = []
+        if getattr(self.replay_buffer, "dynamic_sampling", None) is not None:
+            dropped, dapo_metrics = self.replay_buffer.dynamic_sampling.take_step_record(global_steps)
+            dropped_uniform = [(group.prompt, group.value) for group in dropped]
+            metrics.update(dapo_metrics)
+            metrics["pipeline/prompts_consumed"] += len(dropped)
         consumed = SimpleNamespace(keys=consumed_keys, partition_id=batch.partition_id)
         self._timeline.record_step(consumed, consumed_tags, metrics, self.replay_buffer)
         if self._ledger is not None:
-            self._ledger.write(global_steps, batch.partition_id, trained_keys, consumed_keys, consumed_tags, metrics)
+            self._ledger.write(global_steps, batch.partition_id, trained_keys, consumed_keys, consumed_tags, metrics,
+                               dropped_uniform)  # fmt: skip
         self._filtered.clear(batch.partition_id)

@@ -7,12 +7,17 @@ this module among them would be circular.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Callable, Optional
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl_pipe.trainers.config import PipelineConfig
+from verl_pipe.trainers.dynamic_sampling import DroppedGroup, DynamicSampling
 from verl_pipe.trainers.stall_watch import StallWatch
+from verl_pipe.trainers.step_ledger import prompt_ids_by_uid
+
+logger = logging.getLogger("verl_pipe")
 
 
 class PipelineReplayBuffer(ReplayBufferAsync):
@@ -30,11 +35,15 @@ class PipelineReplayBuffer(ReplayBufferAsync):
     * A stall watch (:mod:`.stall_watch`): a wait in which no group finishes and no sample is stored for
       ``trainer.v1.<mode>.stall_timeout_s`` raises, naming what it waited for and what the sampler holds;
       ``describe_sampler`` (set by a trainer) adds how the sampler's actors answer, and the likely cause.
+    * Dynamic sampling (``dynamic_sampling``, set by a trainer with ``algorithm.filter_groups`` on, together with
+      verl's ``filter_groups_metric``): verl's own drop-and-refill of uniform groups, within the step's budget,
+      each dropped group's dataset row recorded (:mod:`.dynamic_sampling`).
     """
 
     on_poll = None  # callable(partition_id) -> None
     # () -> (what the sampler's actors answer, the cause and fix when that names one, else None)
     describe_sampler: Optional[Callable[[], tuple[str, Optional[str]]]] = None
+    dynamic_sampling: Optional[DynamicSampling] = None
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -61,10 +70,34 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         self._evicted_while_waiting = 0
         return super().wait_for_sampleable(global_steps, partition_id, target_count)
 
+    def _terminal_eviction_reasons(self, global_steps, partition_id):
+        stale, uniform, failed, counts = super()._terminal_eviction_reasons(global_steps, partition_id)
+        if self.dynamic_sampling is not None and uniform:
+            allowed = self.dynamic_sampling.within_budget(uniform, self.prompt_global_steps[partition_id])
+            if allowed != uniform:  # the rest are kept, and trained as they are
+                cache = self._dapo_classification_cache[partition_id]
+                uniform, counts = allowed, Counter(cache[uid] for uid in allowed)
+        return stale, uniform, failed, counts
+
     def _evict_terminal_groups(self, global_steps, partition_id, eviction_reasons):
+        uniform = eviction_reasons[1]
+        if self.dynamic_sampling is not None and uniform:
+            self._record_uniform_drops(partition_id, uniform)  # before verl clears them from TransferQueue
         evicted = super()._evict_terminal_groups(global_steps, partition_id, eviction_reasons)
-        self._evicted_while_waiting += len(evicted[0])  # failed (or stale) groups verl drops and replaces
+        self._evicted_while_waiting += len(evicted[0]) - len(uniform)  # failed (or stale) groups, replaced
         return evicted
+
+    def _record_uniform_drops(self, partition_id: str, uniform: set[str]) -> None:
+        keys = [key for key in self.partitions[partition_id] if key.split("_")[0] in uniform]
+        try:
+            prompts = prompt_ids_by_uid(keys, partition_id)
+        except Exception:  # noqa: BLE001 - data without an index column: the ledger names prompts by uid
+            prompts = {}
+        cache, tags = self._dapo_classification_cache[partition_id], self.prompt_global_steps[partition_id]
+        dropped = [DroppedGroup(prompts.get(uid, uid), float(cache[uid]), int(tags.get(uid, 0)))
+                   for uid in sorted(uniform)]  # fmt: skip
+        for warning in self.dynamic_sampling.record_drops(dropped):
+            logger.warning(warning)
 
     def _wait_for_next_poll(self, partition_id, last_debug_time):
         self._stall_watch.observe(self._progress(partition_id), lambda s: self._stall_diagnosis(partition_id, s),
@@ -123,7 +156,11 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         for key, tag in partition.items():
             tokens[key.split("_")[0]] += int(tag.get("response_len", 0))
         ordered = sorted(sampleable_keys, key=lambda uid: (steps.get(uid, 0), -tokens[uid], uid))
-        return ordered[:batch_size], partition, steps
+        selected = ordered[:batch_size]
+        if self.dynamic_sampling is not None:  # uniform groups past the step's refill budget, trained as they are
+            cache = self._dapo_classification_cache[partition_id]
+            self.dynamic_sampling.kept_uniform += sum(cache.get(uid) is not None for uid in selected)
+        return selected, partition, steps
 
     def inflight_count(self, partition_id: str = "train") -> int:
         """Prompt groups submitted and not yet finished (re-reads TransferQueue)."""

@@ -282,6 +282,72 @@ def test_filters_drop_uniform_groups_and_sandbox_failures_before_log_probs(
     assert shifts[1] > 10 * LOGPROB_TOL and shifts[3] > 10 * LOGPROB_TOL, shifts
 
 
+# length_reward.filter_probe_score's rows, read in order: uniform groups are rows 4-7 (all 1.0) and rows with
+# row % 4 in (0, 1) (all 0.0; the sandbox failures of row % 4 == 1 score 0 too); the rest vary within the group.
+def _informative(row: int) -> bool:
+    return not 4 <= row < 8 and row % 4 in (2, 3)
+
+
+@pytest.mark.parametrize("max_num_gen_batches", [0, 2], ids=["unbounded", "two_batches_per_step"])
+def test_dynamic_sampling_refills_each_step_with_the_next_prompts_in_data_order(
+    tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, max_num_gen_batches
+):
+    """DAPO's algorithm.filter_groups in minibatch_pipeline (2 minibatches of 2 groups per step): each uniform group
+    is dropped and replaced by the next row of the data, until the step has its 4 groups. Unbounded, every step
+    trains 4 informative groups; with 2 batches per step (4 refills), a step whose refills run out trains the uniform
+    groups it then has (zero advantage): fewer informative groups, the control of the refill."""
+    run_dir = str(tmp_path / "dapo")
+    overrides = _overrides(
+        run_dir,
+        tiny_model_path,
+        ray_cluster,
+        "minibatch_pipeline",
+        "data.shuffle=False",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS // 2}",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=reward",
+        f"algorithm.filter_groups.max_num_gen_batches={max_num_gen_batches}",
+        reward="filter_probe_score",
+    )
+    rc, steps, log = verl_runner(overrides, run_dir, timeout=900)
+    assert rc == 0, tail_of(log)
+    metrics = _step_metrics(steps)
+    assert sorted(metrics) == list(range(1, STEPS + 1)), tail_of(log)
+    ledger = _ledger(run_dir)
+    budget = None if max_num_gen_batches == 0 else (max_num_gen_batches - 1) * PROMPTS
+    row = 0
+    for step in range(1, STEPS + 1):
+        # what the step must have done: take rows in order, drop each uniform one within the budget, and stop at
+        # 4 groups trained
+        trained, dropped = [], []
+        while len(trained) < PROMPTS:
+            if _informative(row) or (budget is not None and len(dropped) >= budget):
+                trained.append(row)
+            else:
+                dropped.append(row)
+            row += 1
+        record, data = ledger[step], metrics[step]
+        assert sorted(record["prompts_trained"]) == trained, (step, record)
+        assert sorted(p for p, _ in record["prompts_dropped_uniform"]) == dropped, (step, record)
+        assert sorted(record["prompts"]) == sorted(trained + dropped)
+        assert {p: v for p, v in record["prompts_dropped_uniform"]} == {p: float(4 <= p < 8) for p in dropped}
+        assert data["pipeline/prompts_trained"] == PROMPTS
+        assert data["pipeline/dapo/groups_dropped"] == data["pipeline/dapo/refilled"] == len(dropped)
+        # verl's own count of what its buffer evicted, summed over the step's minibatches
+        assert data.get("training/filter_groups/evicted_samples", 0) == len(dropped)
+        assert data["pipeline/dapo/uniform_kept"] == sum(not _informative(p) for p in trained)
+        assert record["sample_versions"] == [[step - 1, step - 1]], "refills too are generated on-policy"
+    informative = [sum(map(_informative, ledger[step]["prompts_trained"])) for step in range(1, STEPS + 1)]
+    if budget is None:
+        assert informative == [PROMPTS] * STEPS
+        assert max(data["pipeline/dapo/budget_exhausted"] for data in metrics.values()) == 0
+    else:
+        assert informative[0] < PROMPTS, informative  # step 1's refills (rows 0-1, 4-5) ran out before row 10
+        assert metrics[1]["pipeline/dapo/budget_exhausted"] == 1
+    prompts = _prompts(ledger)
+    assert sorted(prompts) == list(range(row)), "every row consumed once, trained or dropped"
+
+
 def _kill_after_step_2(run_dir: str, overrides: list[str], tail_of) -> None:
     """The trainer's driver SIGKILLed once the ledger holds step 2."""
     env = dict(os.environ, VERL_PLATFORM="cpu", TOKENIZERS_PARALLELISM="false")

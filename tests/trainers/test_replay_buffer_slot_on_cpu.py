@@ -2,12 +2,14 @@
 
 Checked against verl's real config (hydra composes ``ppo_trainer.yaml``) and verl's real ``_build_replay_buffer``:
 our class is named in the slot unless the user named a sampler, verl builds it with the mode's poll interval, and
-DAPO's group filter (which verl does not hand a custom sampler) is refused at start-up with the alternative named.
+DAPO's group filter (which verl does not hand a custom sampler) is handed to ours where it refills, and refused at
+start-up elsewhere, with the alternative named.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -80,12 +82,49 @@ def test_a_users_sampler_is_left_alone():
     assert dict(config.trainer.v1.sampler.custom_sampler) == {"path": "pkg://my_project.samplers", "name": "MySampler"}
 
 
-@pytest.mark.parametrize("trainer_cls", MODES)
-def test_dapo_group_filter_is_refused_with_the_alternative_named(trainer_cls):
-    mode = trainer_cls.MODE
+DAPO = ["algorithm.filter_groups.enable=true", "actor_rollout_ref.rollout.n=2"]
+
+
+def test_dapo_group_filter_is_refused_where_no_refill_runs_with_the_alternative_named():
     with pytest.raises(PipelineConfigError) as info:
-        _check_layout(trainer_cls, _compose(LAYOUT + ["algorithm.filter_groups.enable=true"]))
-    assert "algorithm.filter_groups.enable" in str(info.value)
-    assert f"trainer.v1.{mode}.skip_uniform_reward_groups" in str(info.value)
+        _check_layout(OneOffPipelineTrainer, _compose(LAYOUT + DAPO))
+    assert "algorithm.filter_groups.enable=true is not supported by trainer.v1.trainer_mode=one_off_pipeline" in str(
+        info.value
+    )
+    assert "minibatch_pipeline" in str(info.value)  # where it runs
+    assert "trainer.v1.one_off_pipeline.skip_uniform_reward_groups" in str(info.value)
     # a user's own sampler receives the setting through its own config: not ours to refuse
-    _check_layout(trainer_cls, _compose(LAYOUT + USER_SAMPLER + ["algorithm.filter_groups.enable=true"]))
+    _check_layout(OneOffPipelineTrainer, _compose(LAYOUT + USER_SAMPLER + DAPO))
+
+
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n=1"),
+        (["algorithm.filter_groups.metric=''"], "algorithm.filter_groups.metric"),
+        (["algorithm.filter_groups.max_num_gen_batches=-1"], "algorithm.filter_groups.max_num_gen_batches"),
+        (["reward.reward_model.enable=true"], "reward.reward_model.enable_resource_pool"),
+    ],
+)
+def test_dapo_settings_that_cannot_work_are_named(bad, key):
+    with pytest.raises(PipelineConfigError, match=re.escape(key)):
+        _check_layout(MinibatchPipelineTrainer, _compose(LAYOUT + DAPO + bad))
+
+
+def test_verl_builds_our_buffer_with_its_dapo_metric_and_the_refill_budget():
+    """verl hands its DAPO metric to its own buffer only; the trainer hands it to ours, with the budget."""
+    config = _compose(LAYOUT + DAPO + ["trainer.v1.trainer_mode=minibatch_pipeline",
+                                       "algorithm.filter_groups.max_num_gen_batches=3"])  # fmt: skip
+    _check_layout(MinibatchPipelineTrainer, config)
+    select_pipeline_replay_buffer(config)
+    trainer = MinibatchPipelineTrainer.__new__(MinibatchPipelineTrainer)
+    trainer.config, trainer.trainer_mode = config, "minibatch_pipeline"
+    buffer = trainer._build_replay_buffer()
+    assert buffer.filter_groups_metric == "reward" and buffer.refill_fn is not None
+    assert buffer.dynamic_sampling.cfg.refills_per_step == 2 * 8  # (3 - 1) x data.train_batch_size
+    # the control: off, verl's metric stays unset and nothing is dropped
+    off = _compose(LAYOUT + ["trainer.v1.trainer_mode=minibatch_pipeline"])
+    select_pipeline_replay_buffer(off)
+    trainer.config = off
+    buffer = trainer._build_replay_buffer()
+    assert buffer.filter_groups_metric is None and buffer.dynamic_sampling is None
