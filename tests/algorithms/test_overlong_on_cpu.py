@@ -71,6 +71,15 @@ def test_truncated_response_leaves_the_token_count(layout):
     assert token_count(data["loss_mask"]) == 7  # what verl's engine now sums for batch_num_tokens
     assert (stats.samples, stats.truncated, stats.masked, stats.masked_tokens) == (4, 1, 1, 4)
     assert stats.as_metrics()["grpo_plus/overlong_masked_frac"] == pytest.approx(0.25)
+    assert stats.as_metrics()["grpo_plus/overlong_length_limit"] == MAX_LEN
+
+
+def test_a_later_stages_longer_limit_keeps_the_answers_the_shorter_one_cut():
+    """Context lengthening: the same response filled the stage-1 limit, but stage 2 (a longer limit) keeps it."""
+    data = v1_batch()
+    stats = apply_overlong_filter(data, max_response_length=MAX_LEN + 1, eos_ids={EOS}, mode="all")
+    assert (stats.truncated, stats.masked) == (0, 0)
+    assert stats.as_metrics()["grpo_plus/overlong_length_limit"] == MAX_LEN + 1
 
 
 def test_wrong_mode_keeps_truncated_responses_that_scored():

@@ -134,7 +134,8 @@ def _apply_overlong_filter(training_worker, settings: _OverlongFilterSettings, d
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(counts, group=training_worker.engine.get_data_parallel_group())
     samples, truncated, masked, masked_tokens = (int(v) for v in counts.tolist())
-    return OverlongStats(samples=samples, truncated=truncated, masked=masked, masked_tokens=masked_tokens)
+    return OverlongStats(samples=samples, truncated=truncated, masked=masked, masked_tokens=masked_tokens,
+                         length_limit=stats.length_limit)
 
 
 def _patch_update_actor() -> None:

@@ -28,9 +28,13 @@ class OverlongStats:
     truncated: int
     masked: int
     masked_tokens: int
+    # the response length a sample must fill to count as cut: the run's configured limit (a later stage of a
+    # context-lengthening schedule must show its own, longer one)
+    length_limit: int
 
     def as_metrics(self) -> dict[str, float]:
         return {
+            "grpo_plus/overlong_length_limit": float(self.length_limit),
             "grpo_plus/truncated_frac": self.truncated / max(self.samples, 1),
             "grpo_plus/overlong_masked_frac": self.masked / max(self.samples, 1),
             "grpo_plus/overlong_masked_tokens": float(self.masked_tokens),
@@ -134,4 +138,5 @@ def apply_overlong_filter(data: TensorDict, max_response_length: int, eos_ids: s
         truncated=int(truncated.sum()),
         masked=int((~keep).sum()),
         masked_tokens=int(before - after),
+        length_limit=max_response_length,
     )
