@@ -4,7 +4,12 @@ The random tiny model never writes a passing program, so the real code reward wo
 zero advantages and an update that leaves the weights untouched: a weight-sync check would then pass vacuously.
 """
 
+import os
 import random
+
+# Set both (through the job's runtime_env) to have filter_probe_score create a file when it scores a given dataset
+# row: a test then knows that row's group is being scored, e.g. a refill, and can kill the run right then.
+MARK_ROW_ENV, MARK_FILE_ENV = "VERL_PIPE_TEST_MARK_ROW", "VERL_PIPE_TEST_MARK_FILE"
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
@@ -25,6 +30,8 @@ def filter_probe_score(data_source, solution_str, ground_truth, extra_info=None,
     score, different for each sample of the group.
     """
     index = int((extra_info or {}).get("index", -1))
+    if os.environ.get(MARK_FILE_ENV) and index == int(os.environ.get(MARK_ROW_ENV, -1)):
+        open(os.environ[MARK_FILE_ENV], "a").close()
     if 4 <= index < 8:
         return {"score": 1.0, "sandbox_error": False}
     if index % 4 == 0:

@@ -37,6 +37,9 @@ import pytest
 from verl_pipe.data.embedded import write_embedded_dataset
 from verl_pipe.quickstart import QuickstartConfig, training_overrides
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from length_reward import MARK_FILE_ENV, MARK_ROW_ENV  # noqa: E402
+
 LENGTH_REWARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "length_reward.py")
 LOGPROB_TOL = 2e-3  # bf16 sampler vs fp32 trainer on the tiny model: ~7e-5 when the weights agree
 STEPS, PROMPTS, SAMPLES = 4, 4, 2
@@ -288,15 +291,28 @@ def _informative(row: int) -> bool:
     return not 4 <= row < 8 and row % 4 in (2, 3)
 
 
-@pytest.mark.parametrize("max_num_gen_batches", [0, 2], ids=["unbounded", "two_batches_per_step"])
+# Step 3 takes rows 20-23; the uniform groups of rows 20 and 21 are dropped and refilled by rows 24 and 25.
+REFILL_ROW = 24
+
+
+@pytest.mark.parametrize(
+    "max_num_gen_batches, killed_in_a_refill", [(0, True), (2, False)],
+    ids=["unbounded_killed_during_a_refill_and_resumed", "two_batches_per_step"],
+)  # fmt: skip
 def test_dynamic_sampling_refills_each_step_with_the_next_prompts_in_data_order(
-    tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, max_num_gen_batches
+    tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, max_num_gen_batches, killed_in_a_refill
 ):
     """DAPO's algorithm.filter_groups in minibatch_pipeline (2 minibatches of 2 groups per step): each uniform group
     is dropped and replaced by the next row of the data, until the step has its 4 groups. Unbounded, every step
     trains 4 informative groups; with 2 batches per step (4 refills), a step whose refills run out trains the uniform
-    groups it then has (zero advantage): fewer informative groups, the control of the refill."""
+    groups it then has (zero advantage): fewer informative groups, the control of the refill.
+
+    The unbounded run checkpoints every step and its driver is SIGKILLed while step 3's first refill is being
+    scored; resumed from step 2's checkpoint, it must still train and drop exactly the rows an uninterrupted run
+    does, each row once (the refills drew rows past the batch: a resume that restored the dataloader at the batch
+    boundary would repeat or skip them)."""
     run_dir = str(tmp_path / "dapo")
+    os.makedirs(run_dir)
     overrides = _overrides(
         run_dir,
         tiny_model_path,
@@ -307,12 +323,23 @@ def test_dynamic_sampling_refills_each_step_with_the_next_prompts_in_data_order(
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=reward",
         f"algorithm.filter_groups.max_num_gen_batches={max_num_gen_batches}",
+        *(["trainer.save_freq=1"] if killed_in_a_refill else []),
         reward="filter_probe_score",
     )
+    if killed_in_a_refill:
+        marker = os.path.join(run_dir, "refill_scored")
+        env_key = "+ray_kwargs.ray_init.runtime_env.env_vars"
+        marking = [f"{env_key}.{MARK_ROW_ENV}='{REFILL_ROW}'", f"{env_key}.{MARK_FILE_ENV}={marker}"]
+        _kill_when(run_dir, overrides + marking, tail_of, lambda: os.path.exists(marker))
+        assert sorted(_ledger(run_dir))[-1] == 2, "the kill must land in step 3, after step 2's checkpoint"
     rc, steps, log = verl_runner(overrides, run_dir, timeout=900)
     assert rc == 0, tail_of(log)
+    if killed_in_a_refill:
+        assert re.search(r"Resuming from \S*global_step_2\b", open(log).read()), tail_of(log)
     metrics = _step_metrics(steps)
-    assert sorted(metrics) == list(range(1, STEPS + 1)), tail_of(log)
+    # verl's file logger starts its file anew: a resumed run's metrics are those of the steps it trained
+    first = 3 if killed_in_a_refill else 1
+    assert sorted(metrics) == list(range(first, STEPS + 1)), tail_of(log)
     ledger = _ledger(run_dir)
     budget = None if max_num_gen_batches == 0 else (max_num_gen_batches - 1) * PROMPTS
     row = 0
@@ -326,17 +353,20 @@ def test_dynamic_sampling_refills_each_step_with_the_next_prompts_in_data_order(
             else:
                 dropped.append(row)
             row += 1
-        record, data = ledger[step], metrics[step]
+        record = ledger[step]
         assert sorted(record["prompts_trained"]) == trained, (step, record)
         assert sorted(p for p, _ in record["prompts_dropped_uniform"]) == dropped, (step, record)
         assert sorted(record["prompts"]) == sorted(trained + dropped)
         assert {p: v for p, v in record["prompts_dropped_uniform"]} == {p: float(4 <= p < 8) for p in dropped}
+        assert record["sample_versions"] == [[step - 1, step - 1]], "refills too are generated on-policy"
+        if step not in metrics:
+            continue
+        data = metrics[step]
         assert data["pipeline/prompts_trained"] == PROMPTS
         assert data["pipeline/dapo/groups_dropped"] == data["pipeline/dapo/refilled"] == len(dropped)
         # verl's own count of what its buffer evicted, summed over the step's minibatches
         assert data.get("training/filter_groups/evicted_samples", 0) == len(dropped)
         assert data["pipeline/dapo/uniform_kept"] == sum(not _informative(p) for p in trained)
-        assert record["sample_versions"] == [[step - 1, step - 1]], "refills too are generated on-policy"
     informative = [sum(map(_informative, ledger[step]["prompts_trained"])) for step in range(1, STEPS + 1)]
     if budget is None:
         assert informative == [PROMPTS] * STEPS
@@ -348,10 +378,9 @@ def test_dynamic_sampling_refills_each_step_with_the_next_prompts_in_data_order(
     assert sorted(prompts) == list(range(row)), "every row consumed once, trained or dropped"
 
 
-def _kill_after_step_2(run_dir: str, overrides: list[str], tail_of) -> None:
-    """The trainer's driver SIGKILLed once the ledger holds step 2."""
+def _kill_when(run_dir: str, overrides: list[str], tail_of, ready) -> None:
+    """Run the trainer's driver until ``ready()``, then SIGKILL it (Ray reclaims the job's actors)."""
     env = dict(os.environ, VERL_PLATFORM="cpu", TOKENIZERS_PARALLELISM="false")
-    ledger_path = os.path.join(run_dir, "checkpoints", "pipeline_ledger.jsonl")
     log_path = os.path.join(run_dir, "train_killed.log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
@@ -363,12 +392,19 @@ def _kill_after_step_2(run_dir: str, overrides: list[str], tail_of) -> None:
             start_new_session=True,
         )
         deadline = time.time() + 600
-        while not (os.path.exists(ledger_path) and any(json.loads(l)["step"] >= 2 for l in open(ledger_path))):
+        while not ready():
             assert proc.poll() is None, tail_of(log_path)
             assert time.time() < deadline, tail_of(log_path)
             time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-run; Ray reclaims the job's actors
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def _kill_after_step_2(run_dir: str, overrides: list[str], tail_of) -> None:
+    """The trainer's driver SIGKILLed once the ledger holds step 2."""
+    ledger_path = os.path.join(run_dir, "checkpoints", "pipeline_ledger.jsonl")
+    _kill_when(run_dir, overrides, tail_of,
+               lambda: os.path.exists(ledger_path) and any(json.loads(l)["step"] >= 2 for l in open(ledger_path)))
 
 
 # Room for step 1's checkpoint of the tiny model (1.6 MB) and the ledger, not for step 2's.
