@@ -283,7 +283,8 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         metrics.update(self._filtered.count_metrics())
         dropped_uniform = []
         if getattr(self.replay_buffer, "dynamic_sampling", None) is not None:
-            dropped, dapo_metrics = self.replay_buffer.dynamic_sampling.take_step_record(global_steps)
+            trained_tokens = sum(int(tag.get("response_len", 0)) for tag in real)
+            dropped, dapo_metrics = self.replay_buffer.dynamic_sampling.take_step_record(global_steps, trained_tokens)
             dropped_uniform = [(group.prompt, group.value) for group in dropped]
             metrics.update(dapo_metrics)
             metrics["pipeline/prompts_consumed"] += len(dropped)

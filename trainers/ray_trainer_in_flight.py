@@ -162,7 +162,10 @@ class InFlightPipelineTrainer(PipelinedTrainer):
             # the groups the current step has taken already fill part of its own batch
             untrained=self._submitted - self._taken - self._dropped + self._taken_this_step,
             free_slots=self.slots - in_flight,
-            left_in_run=int(self.config.data.train_batch_size) * self.total_training_steps - self._submitted,
+            # every group the buffer evicted (a uniform one under dynamic sampling, a failed or late one) is replaced:
+            # the run trains train_batch_size groups per step all the same
+            left_in_run=int(self.config.data.train_batch_size) * self.total_training_steps
+            - (self._submitted - self._dropped),
         )
 
     def _top_up(self) -> None:
@@ -201,7 +204,8 @@ class InFlightPipelineTrainer(PipelinedTrainer):
             raise RuntimeError(f"{self.MODE}: the sampler feeder failed: {self._feed_error!r}") from self._feed_error
 
     def _add_prompts_to_generate(self, num_prompts: int) -> int:
-        # verl's buffer calls this to replace groups it evicted: they free their place; the feeder refills it.
+        # verl's buffer calls this to replace groups it evicted: they free their place (and their share of the
+        # run's prompts); the feeder submits the next prompts of the data there, tagged with the deadline of now.
         with self._lock:
             self._dropped += num_prompts
         return num_prompts

@@ -94,7 +94,10 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         except Exception:  # noqa: BLE001 - data without an index column: the ledger names prompts by uid
             prompts = {}
         cache, tags = self._dapo_classification_cache[partition_id], self.prompt_global_steps[partition_id]
-        dropped = [DroppedGroup(prompts.get(uid, uid), float(cache[uid]), int(tags.get(uid, 0)))
+        tokens: Counter = Counter()
+        for key, tag in self.partitions[partition_id].items():
+            tokens[key.split("_")[0]] += int(tag.get("response_len", 0))
+        dropped = [DroppedGroup(prompts.get(uid, uid), float(cache[uid]), int(tags.get(uid, 0)), tokens[uid])
                    for uid in sorted(uniform)]  # fmt: skip
         for warning in self.dynamic_sampling.record_drops(dropped):
             logger.warning(warning)

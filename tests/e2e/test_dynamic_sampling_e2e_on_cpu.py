@@ -1,6 +1,6 @@
-"""DAPO's dynamic sampling (``algorithm.filter_groups``) in ``minibatch_pipeline`` against verl's own ``sync`` mode
-with the same setting, the same data (in order) and the same seeds, end to end through ``python -m
-verl.trainer.main_ppo`` on the CPU backend.
+"""DAPO's dynamic sampling (``algorithm.filter_groups``) in ``minibatch_pipeline`` and in ``in_flight_pipeline`` at lag
+bound 0, against verl's own ``sync`` mode with the same setting, the same data (in order) and the same seeds, end to
+end through ``python -m verl.trainer.main_ppo`` on the CPU backend.
 
 One prompt per step, so verl's ``sync`` buffer generates one group at a time (its in-flight cap is one batch) and
 trains the first informative row of the data at each step, never drawing a surplus it would throw away: the setting
@@ -24,7 +24,7 @@ STEPS = 3
 pytestmark = pytest.mark.timeout(1200)
 
 
-def _run(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, mode: str) -> tuple[dict, dict]:
+def _run(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, mode: str, *extra: str) -> tuple[dict, dict]:
     run_dir = str(tmp_path / mode)
     cfg = QuickstartConfig(
         data="embedded",
@@ -48,6 +48,7 @@ def _run(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, mode: str
         "data.shuffle=False",
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=reward",
+        *extra,
     ]
     rc, steps, log = verl_runner(overrides, run_dir)
     assert rc == 0, tail_of(log)
@@ -60,14 +61,28 @@ def _run(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, mode: str
     return metrics, trained
 
 
-def test_at_lag_zero_the_groups_trained_are_verl_syncs(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of):
-    sync_metrics, sync_trained = _run(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, "sync")
-    metrics, trained = _run(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, "minibatch_pipeline")
-    evicted = {step: sync_metrics[step].get("training/filter_groups/evicted_samples", 0) for step in sync_metrics}
+@pytest.fixture(scope="module")
+def verl_sync(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, tail_of) -> tuple[dict, dict]:
+    run = _run(tmp_path_factory.mktemp("dapo"), tiny_model_path, ray_cluster, verl_runner, tail_of, "sync")
+    evicted = {step: run[0][step].get("training/filter_groups/evicted_samples", 0) for step in run[0]}
     # verl's filter ran (rows 0-1 before row 2, none before row 3, rows 4-9 before row 10): the comparison bites
     assert evicted == {1: 2, 2: 0, 3: 6}, evicted
-    assert len(set(map(tuple, sync_trained.values()))) == STEPS  # three different rows
+    assert len(set(map(tuple, run[1].values()))) == STEPS  # three different rows
+    return run
+
+
+@pytest.mark.parametrize(
+    "mode, extra",
+    [("minibatch_pipeline", ()), ("in_flight_pipeline", ("+trainer.v1.in_flight_pipeline.max_lag=0",))],
+    ids=["minibatch_pipeline", "in_flight_pipeline_lag_0"],
+)
+def test_at_lag_zero_the_groups_trained_are_verl_syncs(
+    tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, verl_sync, mode, extra
+):
+    sync_metrics, sync_trained = verl_sync
+    metrics, trained = _run(tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of, mode, *extra)
     for step in range(1, STEPS + 1):
+        evicted = sync_metrics[step].get("training/filter_groups/evicted_samples", 0)
         assert trained[step] == sync_trained[step], f"step {step}"
-        assert metrics[step].get("training/filter_groups/evicted_samples", 0) == evicted[step]
-        assert metrics[step]["pipeline/dapo/groups_dropped"] == evicted[step]
+        assert metrics[step].get("training/filter_groups/evicted_samples", 0) == evicted
+        assert metrics[step]["pipeline/dapo/groups_dropped"] == evicted

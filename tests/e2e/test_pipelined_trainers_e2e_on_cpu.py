@@ -367,6 +367,9 @@ def test_dynamic_sampling_refills_each_step_with_the_next_prompts_in_data_order(
         # verl's own count of what its buffer evicted, summed over the step's minibatches
         assert data.get("training/filter_groups/evicted_samples", 0) == len(dropped)
         assert data["pipeline/dapo/uniform_kept"] == sum(not _informative(p) for p in trained)
+        # the refill's price in generated tokens: every sample of a dropped group, up to 24 tokens each
+        assert 0 < data["pipeline/dapo/dropped_response_tokens"] <= len(dropped) * SAMPLES * 24
+        assert 0 < data["pipeline/dapo/dropped_token_frac"] < 1
     informative = [sum(map(_informative, ledger[step]["prompts_trained"])) for step in range(1, STEPS + 1)]
     if budget is None:
         assert informative == [PROMPTS] * STEPS
@@ -376,6 +379,44 @@ def test_dynamic_sampling_refills_each_step_with_the_next_prompts_in_data_order(
         assert metrics[1]["pipeline/dapo/budget_exhausted"] == 1
     prompts = _prompts(ledger)
     assert sorted(prompts) == list(range(row)), "every row consumed once, trained or dropped"
+
+
+def test_in_flight_pipeline_refills_across_steps_within_the_lag_bound(
+    tmp_path, tiny_model_path, ray_cluster, verl_runner, tail_of
+):
+    """Dynamic sampling in in_flight_pipeline at its default lag bound 1: the feeder submits each dropped group's
+    replacement (the next row of the data) while earlier steps train, and the run still trains 4 groups a step to
+    its end. Every trained group is informative, every row up to the 16th informative one is consumed once (trained
+    or dropped), and no token lags more than the bound (the trainer stops the run otherwise). Before the feeder
+    counted the replacements in the run's remaining prompts, the last steps waited for groups it never submitted."""
+    run_dir = str(tmp_path / "dapo_in_flight")
+    overrides = _overrides(
+        run_dir,
+        tiny_model_path,
+        ray_cluster,
+        "in_flight_pipeline",
+        "data.shuffle=False",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS // 2}",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=reward",
+        reward="filter_probe_score",
+    )
+    rc, steps, log = verl_runner(overrides, run_dir, timeout=900)
+    assert rc == 0, tail_of(log)
+    metrics = _step_metrics(steps)
+    assert sorted(metrics) == list(range(1, STEPS + 1)), tail_of(log)
+    ledger = _ledger(run_dir)
+    informative_rows = [row for row in range(100) if _informative(row)][: STEPS * PROMPTS]
+    trained = sorted(row for step in ledger.values() for row in step["prompts_trained"])
+    assert trained == informative_rows, "each step trains informative groups only, the next ones of the data"
+    assert sorted(_prompts(ledger)) == list(range(informative_rows[-1] + 1)), "every row consumed once"
+    dropped = [row for row in range(informative_rows[-1]) if not _informative(row)]
+    assert sum(data["pipeline/dapo/groups_dropped"] for data in metrics.values()) == len(dropped)
+    assert sum(data["pipeline/dapo/refilled"] for data in metrics.values()) == len(dropped)
+    assert sum(data["pipeline/dapo/dropped_response_tokens"] for data in metrics.values()) > 0
+    for step, data in metrics.items():
+        assert data["pipeline/prompts_trained"] == PROMPTS, step
+        assert data["in_flight/token_lag/max"] <= data["in_flight/max_lag"] == 1, step
 
 
 def _kill_when(run_dir: str, overrides: list[str], tail_of, ready) -> None:

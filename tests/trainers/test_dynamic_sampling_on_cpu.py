@@ -4,6 +4,8 @@ run end to end in tests/e2e/test_pipelined_trainers_e2e_on_cpu.py."""
 
 from __future__ import annotations
 
+import pytest
+
 from verl_pipe.trainers.dynamic_sampling import DroppedGroup, DynamicSampling, DynamicSamplingConfig
 
 
@@ -31,16 +33,20 @@ def test_the_budget_is_per_step_and_the_rest_is_kept():
 
 def test_a_steps_record_names_each_dropped_group_and_counts_them():
     sampling = _sampling(2, batch_size=2)
-    sampling.record_drops([DroppedGroup(4, 1.0, 1), DroppedGroup(0, 0.0, 1)])
+    sampling.record_drops([DroppedGroup(4, 1.0, 1, response_tokens=30), DroppedGroup(0, 0.0, 1, response_tokens=10)])
     sampling.kept_uniform = 1
-    dropped, metrics = sampling.take_step_record(1)
+    dropped, metrics = sampling.take_step_record(1, trained_tokens=60)
     assert [(g.prompt, g.value) for g in dropped] == [(4, 1.0), (0, 0.0)]
     assert metrics["pipeline/dapo/groups_dropped"] == metrics["pipeline/dapo/refilled"] == 2
     assert metrics["pipeline/dapo/dropped_all_correct"] == metrics["pipeline/dapo/dropped_all_wrong"] == 1
     assert metrics["pipeline/dapo/uniform_kept"] == 1 and metrics["pipeline/dapo/budget_exhausted"] == 1
+    # the refill's price: 40 of the 100 response tokens generated for the step were thrown away
+    assert metrics["pipeline/dapo/dropped_response_tokens"] == 40
+    assert metrics["pipeline/dapo/dropped_token_frac"] == pytest.approx(0.4)
     # the next step starts afresh
-    dropped, metrics = sampling.take_step_record(2)
+    dropped, metrics = sampling.take_step_record(2, trained_tokens=60)
     assert dropped == [] and metrics["pipeline/dapo/groups_dropped"] == 0
+    assert metrics["pipeline/dapo/dropped_token_frac"] == 0
     assert metrics["pipeline/dapo/budget_exhausted"] == 0
     assert sampling.refilled == {}
 

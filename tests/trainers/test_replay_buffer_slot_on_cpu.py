@@ -16,6 +16,7 @@ import pytest
 import verl  # noqa: F401 - registers the modes
 from verl_pipe.trainers.config import PipelineConfig, PipelineConfigError
 from verl_pipe.trainers.ray_trainer_async import OneOffPipelineTrainer
+from verl_pipe.trainers.ray_trainer_in_flight import InFlightPipelineTrainer
 from verl_pipe.trainers.ray_trainer_pipeline import MinibatchPipelineTrainer
 from verl_pipe.trainers.sampler_slot import REPLAY_BUFFER_NAME, REPLAY_BUFFER_PATH, select_pipeline_replay_buffer
 
@@ -111,19 +112,21 @@ def test_dapo_settings_that_cannot_work_are_named(bad, key):
         _check_layout(MinibatchPipelineTrainer, _compose(LAYOUT + DAPO + bad))
 
 
-def test_verl_builds_our_buffer_with_its_dapo_metric_and_the_refill_budget():
+@pytest.mark.parametrize("trainer_cls", [MinibatchPipelineTrainer, InFlightPipelineTrainer])
+def test_verl_builds_our_buffer_with_its_dapo_metric_and_the_refill_budget(trainer_cls):
     """verl hands its DAPO metric to its own buffer only; the trainer hands it to ours, with the budget."""
-    config = _compose(LAYOUT + DAPO + ["trainer.v1.trainer_mode=minibatch_pipeline",
+    mode = trainer_cls.MODE
+    config = _compose(LAYOUT + DAPO + [f"trainer.v1.trainer_mode={mode}", "actor_rollout_ref.rollout.name=hf",
                                        "algorithm.filter_groups.max_num_gen_batches=3"])  # fmt: skip
-    _check_layout(MinibatchPipelineTrainer, config)
+    _check_layout(trainer_cls, config)
     select_pipeline_replay_buffer(config)
-    trainer = MinibatchPipelineTrainer.__new__(MinibatchPipelineTrainer)
-    trainer.config, trainer.trainer_mode = config, "minibatch_pipeline"
+    trainer = trainer_cls.__new__(trainer_cls)
+    trainer.config, trainer.trainer_mode = config, mode
     buffer = trainer._build_replay_buffer()
     assert buffer.filter_groups_metric == "reward" and buffer.refill_fn is not None
     assert buffer.dynamic_sampling.cfg.refills_per_step == 2 * 8  # (3 - 1) x data.train_batch_size
     # the control: off, verl's metric stays unset and nothing is dropped
-    off = _compose(LAYOUT + ["trainer.v1.trainer_mode=minibatch_pipeline"])
+    off = _compose(LAYOUT + [f"trainer.v1.trainer_mode={mode}", "actor_rollout_ref.rollout.name=hf"])
     select_pipeline_replay_buffer(off)
     trainer.config = off
     buffer = trainer._build_replay_buffer()
