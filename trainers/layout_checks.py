@@ -55,7 +55,7 @@ def check_layout(mode: str, pipeline_cfg: PipelineConfig, config) -> None:
             "a group of one sample is always uniform, so every batch would be skipped; sample n >= 2 per prompt"
         )
     if not user_sampler_configured(config):  # a user's own sampler owns its filtering
-        DynamicSamplingConfig.from_verl(mode, config)  # algorithm.filter_groups: checked here, run by our buffer
+        DynamicSamplingConfig.from_verl(config)  # algorithm.filter_groups: checked here, run by our buffer
     device = str(config.trainer.get("device", "cuda"))
     resource = "CPU" if device == "cpu" else ("NPU" if device == "npu" else "GPU")
     trainer_ranks = config.trainer.nnodes * config.trainer.n_gpus_per_node

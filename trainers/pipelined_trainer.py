@@ -126,7 +126,7 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
     def _build_replay_buffer(self):
         buffer = super()._build_replay_buffer()
         buffer.describe_sampler = self._describe_sampler  # what the stall watch reports of the replicas
-        dynamic = DynamicSamplingConfig.from_verl(self.MODE, self.config)
+        dynamic = DynamicSamplingConfig.from_verl(self.config)
         if dynamic is not None and hasattr(buffer, "dynamic_sampling"):  # ours, not a user's own sampler
             # verl gives its DAPO metric to its own buffer only; ours runs verl's drop-and-refill with it
             buffer.filter_groups_metric = dynamic.metric

@@ -44,6 +44,9 @@ class PipelineReplayBuffer(ReplayBufferAsync):
     # () -> (what the sampler's actors answer, the cause and fix when that names one, else None)
     describe_sampler: Optional[Callable[[], tuple[str, Optional[str]]]] = None
     dynamic_sampling: Optional[DynamicSampling] = None
+    # The batch tag of each group the last eviction pass removed, in uid order: verl calls ``refill_fn`` with their
+    # count right after, and a mode whose batches overlap (one_off_pipeline) refills each into its own batch.
+    last_evicted_tags: list[int] = []
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -83,7 +86,9 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         uniform = eviction_reasons[1]
         if self.dynamic_sampling is not None and uniform:
             self._record_uniform_drops(partition_id, uniform)  # before verl clears them from TransferQueue
+        tags = dict(self.prompt_global_steps[partition_id])
         evicted = super()._evict_terminal_groups(global_steps, partition_id, eviction_reasons)
+        self.last_evicted_tags = [int(tags.get(uid, global_steps)) for uid in sorted(evicted[0])]
         self._evicted_while_waiting += len(evicted[0]) - len(uniform)  # failed (or stale) groups, replaced
         return evicted
 

@@ -52,6 +52,7 @@ class Stage:
 
 def _cpu_scale(length: int, run_dir: str, ray_address: str) -> list[str]:
     """What a user appends to the recipe's command line to rehearse it on a CPU box with a tiny model."""
+    env_vars = "+ray_kwargs.ray_init.runtime_env.env_vars"  # the job's workers do not inherit the driver's env
     return [
         *cpu_backend_overrides(CpuBackendConfig(sampler_ranks=1, torch_threads=1, ray_address=ray_address)),
         f"data.max_response_length={length}",
@@ -76,8 +77,8 @@ def _cpu_scale(length: int, run_dir: str, ray_address: str) -> list[str]:
         f"trainer.save_freq={STEPS}",
         "trainer.test_freq=-1",
         "trainer.val_before_train=False",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={os.path.join(run_dir, 'verl_metrics.jsonl')}",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_WEIGHT_SYNC_PROBE={os.path.join(run_dir, 'probe.jsonl')}",
+        f"{env_vars}.VERL_FILE_LOGGER_PATH={os.path.join(run_dir, 'verl_metrics.jsonl')}",
+        f"{env_vars}.VERL_PIPE_WEIGHT_SYNC_PROBE={os.path.join(run_dir, 'probe.jsonl')}",
     ]
 
 

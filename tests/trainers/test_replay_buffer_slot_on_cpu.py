@@ -86,18 +86,6 @@ def test_a_users_sampler_is_left_alone():
 DAPO = ["algorithm.filter_groups.enable=true", "actor_rollout_ref.rollout.n=2"]
 
 
-def test_dapo_group_filter_is_refused_where_no_refill_runs_with_the_alternative_named():
-    with pytest.raises(PipelineConfigError) as info:
-        _check_layout(OneOffPipelineTrainer, _compose(LAYOUT + DAPO))
-    assert "algorithm.filter_groups.enable=true is not supported by trainer.v1.trainer_mode=one_off_pipeline" in str(
-        info.value
-    )
-    assert "minibatch_pipeline" in str(info.value)  # where it runs
-    assert "trainer.v1.one_off_pipeline.skip_uniform_reward_groups" in str(info.value)
-    # a user's own sampler receives the setting through its own config: not ours to refuse
-    _check_layout(OneOffPipelineTrainer, _compose(LAYOUT + USER_SAMPLER + DAPO))
-
-
 @pytest.mark.parametrize(
     "bad, key",
     [
@@ -110,11 +98,14 @@ def test_dapo_group_filter_is_refused_where_no_refill_runs_with_the_alternative_
 def test_dapo_settings_that_cannot_work_are_named(bad, key):
     with pytest.raises(PipelineConfigError, match=re.escape(key)):
         _check_layout(MinibatchPipelineTrainer, _compose(LAYOUT + DAPO + bad))
+    # a user's own sampler receives the setting through its own config: not ours to refuse
+    _check_layout(MinibatchPipelineTrainer, _compose(LAYOUT + USER_SAMPLER + DAPO + bad))
 
 
-@pytest.mark.parametrize("trainer_cls", [MinibatchPipelineTrainer, InFlightPipelineTrainer])
+@pytest.mark.parametrize("trainer_cls", [MinibatchPipelineTrainer, InFlightPipelineTrainer, OneOffPipelineTrainer])
 def test_verl_builds_our_buffer_with_its_dapo_metric_and_the_refill_budget(trainer_cls):
-    """verl hands its DAPO metric to its own buffer only; the trainer hands it to ours, with the budget."""
+    """verl hands its DAPO metric to its own buffer only; the trainer hands it to ours, with the budget. one-off's
+    batches overlap, so it refills each evicted group into its own batch rather than verl's current step."""
     mode = trainer_cls.MODE
     config = _compose(LAYOUT + DAPO + [f"trainer.v1.trainer_mode={mode}", "actor_rollout_ref.rollout.name=hf",
                                        "algorithm.filter_groups.max_num_gen_batches=3"])  # fmt: skip
@@ -125,6 +116,8 @@ def test_verl_builds_our_buffer_with_its_dapo_metric_and_the_refill_budget(train
     buffer = trainer._build_replay_buffer()
     assert buffer.filter_groups_metric == "reward" and buffer.refill_fn is not None
     assert buffer.dynamic_sampling.cfg.refills_per_step == 2 * 8  # (3 - 1) x data.train_batch_size
+    own_batches = trainer_cls is OneOffPipelineTrainer
+    assert (buffer.refill_fn == trainer._refill_evicted_groups) if own_batches else buffer.refill_fn is not None
     # the control: off, verl's metric stays unset and nothing is dropped
     off = _compose(LAYOUT + [f"trainer.v1.trainer_mode={mode}", "actor_rollout_ref.rollout.name=hf"])
     select_pipeline_replay_buffer(off)
