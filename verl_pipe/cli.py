@@ -6,7 +6,7 @@ verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
 verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 2] [--unit-s 3] [--prompts 8 --samples 4] [--rollout hf|vllm] [--out report.json]
-verl-pipe bench learn [--modes sync,in_flight_pipeline] [--seeds 0,1,2] [--steps 5] [--val-every 1] [--pipeline-report report.json] [--out-dir DIR]
+verl-pipe bench learn [--modes sync,in_flight_pipeline] [--baseline sync] [--seeds 0,1,2] [--steps 5] [--val-every 1] [--pipeline-report report.json] [--out-dir DIR]
 verl-pipe plan [--cluster deepcoder-14b] [--gpus 32] [--gpu h100] [--model 14b] [--tp 2] [--prompts 32] [--samples 8] [--max-len 16384] [--engine today|staged]
 verl-pipe data prepare deepcoder --src DIR --out DIR [--test-store PATH] | data prepare deepscaler --src FILE --out DIR
 verl-pipe data curate --src DIR --out DIR [--workers N]
@@ -331,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
         "learn", help="does a pipelined mode learn as well as verl's sync per step, and reach a target sooner on the "
         "cluster's clock: seeds, item-paired differences, 95%% intervals"
     )
-    learn.add_argument("--modes", help="comma-separated trainer modes (default: sync,in_flight_pipeline; sync is the "
-                       "baseline)")
+    learn.add_argument("--modes", help="comma-separated trainer modes, each optionally with a variant such as "
+                       "minibatch_pipeline+dapo (DAPO's dynamic sampling) (default: sync,in_flight_pipeline)")
+    learn.add_argument("--baseline", help="the mode every other is compared with, paired by seed (default: sync)")
     learn.add_argument("--seeds", help="comma-separated seeds, one run per mode each (default 0,1,2)")
     learn.add_argument("--data-seed", dest="data_seed", type=int, help="the problems every run uses (default 0)")
     learn.add_argument("--steps", type=int, help="training steps per run (default 5)")

@@ -15,15 +15,19 @@ import pytest
 
 from verl_pipe.bench.learn import (
     MODE_SCHEDULES,
+    VARIANTS,
     LearnBenchConfig,
     Pricing,
     SeedRun,
     check_recorded,
+    format_generation,
     format_report,
+    generation_per_mode,
     item_verdicts,
     load_run,
     pricing_from_report,
     pricing_minibatches,
+    variant_overrides,
     write_result,
 )
 from verl_pipe.bench.learn_stats import compare_modes, crossing_step
@@ -225,7 +229,10 @@ def test_report_and_picture(tmp_path):
     "kwargs, message",
     [
         ({"modes": ("sync", "async")}, "unknown modes ['async'] (--modes)"),
-        ({"modes": ("one_off_pipeline",)}, "--modes must include sync"),
+        ({"modes": ("one_off_pipeline",)}, "--modes must include the baseline sync (--baseline)"),
+        ({"modes": ("sync", "minibatch_pipeline+dapp")}, "unknown modes ['minibatch_pipeline+dapp'] (--modes)"),
+        ({"modes": ("sync", "one_off_pipeline", "one_off_pipeline")}, "--modes names a mode twice"),
+        ({"modes": ("sync", "one_off_pipeline+dapo"), "baseline": "one_off_pipeline"}, "baseline one_off_pipeline"),
         ({"modes": ("sync",)}, "and a mode to compare with it"),
         ({"seeds": (1, 1)}, "(--seeds)"),
         ({"steps": 6, "val_every": 4}, "(--steps, --val-every)"),
@@ -291,3 +298,42 @@ def test_a_bench_cut_short_keeps_its_runs_and_refuses_a_run_of_another_experimen
     with pytest.raises(ValueError, match=r"validations at steps \[2, 4, 6\].*\[1, 2, 3, 4, 5\].*--out-dir"):
         check_recorded(kept, LearnBenchConfig())
     assert load_run(str(tmp_path / "missing")) is None
+
+
+def test_a_dapo_variant_trains_its_mode_with_dynamic_sampling_priced_as_that_mode():
+    """``<mode>+dapo`` against ``--baseline <mode>``: the question is whether the refill buys learning per step; its
+    step is priced as the mode's (the clock leaves the refills' extra generation out, the runs record it)."""
+    import verl.trainer.main_ppo as main_ppo
+    from hydra import compose, initialize_config_dir
+
+    from verl_pipe.trainers.dynamic_sampling import DynamicSamplingConfig
+
+    cfg = LearnBenchConfig(modes=("in_flight_pipeline", "in_flight_pipeline+dapo"), baseline="in_flight_pipeline")
+    cfg.validate()
+    pricing = pricing_from_report(_pipeline_report(), cfg)
+    priced = PRICES["in_flight_pipeline"]
+    assert pricing.step_s["in_flight_pipeline+dapo"] == pricing.step_s["in_flight_pipeline"] == priced
+    assert pricing.knobs["in_flight_pipeline+dapo"] == pricing.knobs["in_flight_pipeline"]
+    # the variant's overrides turn on verl's own keys, which our trainers read (3 batches generated a step at most)
+    config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=[*variant_overrides("in_flight_pipeline+dapo"),
+                                                                "actor_rollout_ref.rollout.n=4"])  # fmt: skip
+    dynamic = DynamicSamplingConfig.from_verl(config)
+    assert dynamic is not None and dynamic.metric == "reward" and dynamic.max_num_gen_batches == 3
+    assert variant_overrides("in_flight_pipeline") == () and set(VARIANTS) == {"dapo"}
+
+
+def test_the_report_says_what_each_mode_generated_for_what_it_trained():
+    def run(mode, generated, fracs):
+        return SeedRun(mode=mode, seed=0, rollout="hf", rewards=[], validations=[], verdicts={}, samples_trained=0,
+                       wall_s=1.0, run_dir="/x", groups_generated=generated, dropped_token_frac=fracs)  # fmt: skip
+
+    cfg = LearnBenchConfig(steps=5, prompts_per_step=8)
+    plain, dapo = "minibatch_pipeline", "minibatch_pipeline+dapo"
+    generation = generation_per_mode([run(plain, 40, []), run(dapo, 60, [0.2, 0.4]), run(dapo, 80, [0.6])], cfg)
+    assert generation[plain] == {"groups_per_trained_group": 1.0, "dropped_token_frac": 0.0}
+    assert generation[dapo] == {"groups_per_trained_group": 1.75, "dropped_token_frac": pytest.approx(0.4)}
+    text = "\n".join(format_generation(generation))
+    assert "1.75 groups generated per group trained, 40.0% of response tokens thrown away" in text
+    assert format_generation({plain: generation[plain]}) == []  # nothing to say without dynamic sampling

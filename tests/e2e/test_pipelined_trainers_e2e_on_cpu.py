@@ -99,6 +99,15 @@ def _step_metrics(steps: list[dict]) -> dict[int, dict]:
     return {s["step"]: s["data"] for s in steps if "timing_s/step" in s["data"]}
 
 
+def _run_every_step(verl_runner, overrides: list[str], run_dir: str, tail_of) -> tuple[dict, dict]:
+    """Run to the end; verl's metrics and the trainer's ledger, by step (every step must have both)."""
+    rc, steps, log = verl_runner(overrides, run_dir, timeout=900)
+    assert rc == 0, tail_of(log)
+    metrics = _step_metrics(steps)
+    assert sorted(metrics) == list(range(1, STEPS + 1)), tail_of(log)
+    return metrics, _ledger(run_dir)
+
+
 def _assert_syncs_moved_policy(probe_path: str, expected: int) -> None:
     with open(probe_path) as fh:
         syncs = [json.loads(line) for line in fh]
@@ -215,11 +224,7 @@ def test_minibatch_pipeline_freezes_pi_old_and_syncs(tmp_path, tiny_model_path, 
         "+trainer.v1.minibatch_pipeline.skip_uniform_reward_groups=true",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_WEIGHT_SYNC_PROBE={probe}",
     )
-    rc, steps, log = verl_runner(overrides, run_dir, timeout=900)
-    assert rc == 0, tail_of(log)
-    metrics = _step_metrics(steps)
-    assert sorted(metrics) == list(range(1, STEPS + 1)), tail_of(log)
-    ledger = _ledger(run_dir)
+    metrics, ledger = _run_every_step(verl_runner, overrides, run_dir, tail_of)
     for step, data in metrics.items():
         # max over both minibatches: the second one's pi_old is the restored snapshot, not the updated weights
         assert data["training/rollout_probs_diff_max"] < LOGPROB_TOL, (step, data["training/rollout_probs_diff_max"])
@@ -251,11 +256,7 @@ def test_filters_drop_uniform_groups_and_sandbox_failures_before_log_probs(
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_WEIGHT_SYNC_PROBE={probe}",
         reward="filter_probe_score",
     )
-    rc, steps, log = verl_runner(overrides, run_dir, timeout=900)
-    assert rc == 0, tail_of(log)
-    metrics = _step_metrics(steps)
-    assert sorted(metrics) == list(range(1, STEPS + 1)), tail_of(log)
-    ledger = _ledger(run_dir)
+    metrics, ledger = _run_every_step(verl_runner, overrides, run_dir, tail_of)
     # row % 4: 0 uniform, 1 sandbox failure, 2 and 3 trainable; rows 4-7 (step 2) are all uniform
     trainable = {1: [2, 3], 2: [], 3: [10, 11], 4: [14, 15]}
     for step in range(1, STEPS + 1):
@@ -405,11 +406,7 @@ def test_refills_of_overlapping_batches_keep_every_step_full(
         "algorithm.filter_groups.metric=reward",
         reward="filter_probe_score",
     )
-    rc, steps, log = verl_runner(overrides, run_dir, timeout=900)
-    assert rc == 0, tail_of(log)
-    metrics = _step_metrics(steps)
-    assert sorted(metrics) == list(range(1, STEPS + 1)), tail_of(log)
-    ledger = _ledger(run_dir)
+    metrics, ledger = _run_every_step(verl_runner, overrides, run_dir, tail_of)
     informative_rows = [row for row in range(100) if _informative(row)][: STEPS * PROMPTS]
     trained = sorted(row for step in ledger.values() for row in step["prompts_trained"])
     assert trained == informative_rows, "each step trains informative groups only, the next ones of the data"

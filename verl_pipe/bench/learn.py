@@ -7,6 +7,10 @@ the model has never seen), once per seed, validating greedily every ``val_every`
 for every run (``data_seed``); a seed changes the sampling. Each validation records every item's verdict, so the
 modes are compared item by item at equal steps (:mod:`verl_pipe.bench.learn_stats`).
 
+A mode may carry a variant, ``<mode>+dapo``: the same mode with DAPO's dynamic sampling (``algorithm.filter_groups``,
+uniform groups dropped and refilled, at most 3 batches generated a step). Compared against ``--baseline <mode>``, it
+answers whether the refill buys learning per step, and each run records what it generated for what it trained.
+
 Two clocks. Steps measure learning per sample. The cluster's clock prices each step from the pipeline benchmark
 (:mod:`verl_pipe.bench.pipeline`, coding profile: DeepCoder-14B on 32 H100, equal GPUs) run at the batch shape the
 learning runs train (prompts x samples per step, the profile's minibatches per step) and with the knobs its
@@ -37,6 +41,21 @@ BASELINE_MODE = "sync"
 PRICING_PROFILE = "coding"
 FUNCTIONS = DATASETS["functions"]  # the task's defaults, as `verl-pipe quickstart --data functions` runs it
 RUN_RECORD = "run.json"  # a finished run's record in its folder: a rerun into the same --out-dir skips it
+# ``<mode>+<variant>``: the mode trained with these overrides, priced as the mode (the clock leaves out what the
+# variant adds to generation: its runs record that instead).
+VARIANTS = {
+    "dapo": ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=reward",
+             "algorithm.filter_groups.max_num_gen_batches=3"),
+}  # fmt: skip
+
+
+def base_mode(name: str) -> str:
+    """The trainer mode of a ``--modes`` entry (``minibatch_pipeline+dapo`` -> ``minibatch_pipeline``)."""
+    return name.partition("+")[0]
+
+
+def variant_overrides(name: str) -> tuple[str, ...]:
+    return VARIANTS[name.partition("+")[2]] if "+" in name else ()
 
 
 def pricing_minibatches() -> int:
@@ -50,6 +69,7 @@ def pricing_minibatches() -> int:
 class LearnBenchConfig:
     # verl's sync and the pipelined mode of ours that the equal-GPU bench found fastest on the coding profile.
     modes: tuple[str, ...] = (BASELINE_MODE, "in_flight_pipeline")
+    baseline: str = BASELINE_MODE  # every other mode is compared with it, paired by seed
     seeds: tuple[int, ...] = (0, 1, 2)
     data_seed: int = 0  # the problems every run trains and validates on
     # 5 steps validated after each: the smoke run (in_flight_pipeline, 2 minibatches a step) went 30.8% -> 43.3%
@@ -87,11 +107,19 @@ class LearnBenchConfig:
         return pricing_minibatches()
 
     def validate(self) -> None:
-        unknown = [m for m in self.modes if m not in MODE_SCHEDULES]
+        unknown = [m for m in self.modes if base_mode(m) not in MODE_SCHEDULES
+                   or ("+" in m and m.partition("+")[2] not in VARIANTS)]  # fmt: skip
         if unknown:
-            raise ValueError(f"unknown modes {unknown} (--modes); choose from {', '.join(MODE_SCHEDULES)}")
-        if BASELINE_MODE not in self.modes or len(self.modes) < 2:
-            raise ValueError(f"--modes must include {BASELINE_MODE} and a mode to compare with it")
+            raise ValueError(
+                f"unknown modes {unknown} (--modes); choose from {', '.join(MODE_SCHEDULES)}, each optionally with "
+                f"a variant: {', '.join('+' + v for v in VARIANTS)}"
+            )
+        if len(set(self.modes)) != len(self.modes):
+            raise ValueError(f"--modes names a mode twice: {self.modes}")
+        if self.baseline not in self.modes or len(self.modes) < 2:
+            raise ValueError(
+                f"--modes must include the baseline {self.baseline} (--baseline) and a mode to compare with it"
+            )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct and at least one, got {self.seeds} (--seeds)")
         if self.steps < 1 or self.val_every < 1:
@@ -141,17 +169,16 @@ def pricing_from_report(report: dict[str, Any], cfg: LearnBenchConfig) -> Pricin
     for run in report["runs"]:
         if run["profile"] == PRICING_PROFILE:
             blocks.setdefault(run["schedule"], {})[int(run["block"])] = float(run["step_s"])
-    missing = [m for m in cfg.modes if MODE_SCHEDULES[m] not in blocks or profile is None]
+    names = {mode: MODE_SCHEDULES[base_mode(mode)] for mode in cfg.modes}
+    missing = [m for m in cfg.modes if names[m] not in blocks or profile is None]
     if missing:
         raise ValueError(
             f"the pipeline report has no {PRICING_PROFILE}-profile step time for {missing}: run `verl-pipe bench "
             f"pipeline --profiles {PRICING_PROFILE}` with their schedules, or leave out --pipeline-report"
         )
     plans = profile["plans"]  # by schedule name
-    names = {mode: MODE_SCHEDULES[mode] for mode in cfg.modes}
     return Pricing(
-        step_s={mode: [blocks[MODE_SCHEDULES[mode]][b] for b in sorted(blocks[MODE_SCHEDULES[mode]])]
-                for mode in cfg.modes},  # fmt: skip
+        step_s={mode: [blocks[names[mode]][b] for b in sorted(blocks[names[mode]])] for mode in cfg.modes},
         knobs={mode: dict(plans[names[mode]].get("knob_values", {})) for mode in cfg.modes},
         layouts={mode: plans[names[mode]]["layout"] for mode in cfg.modes},
         report=report.get("out_dir", ""),
@@ -166,7 +193,7 @@ def price_steps(cfg: LearnBenchConfig, out_dir: str, address: str, progress: Cal
         with open(path, encoding="utf-8") as fh:
             return pricing_from_report(json.load(fh), cfg)
 
-    schedules = tuple(MODE_SCHEDULES[m] for m in cfg.modes)
+    schedules = tuple(dict.fromkeys(MODE_SCHEDULES[base_mode(m)] for m in cfg.modes))
     progress(f"pricing the steps: bench pipeline, {PRICING_PROFILE} profile, {cfg.prompts_per_step} x "
              f"{cfg.samples_per_prompt} per step, {cfg.pricing_blocks} blocks of {', '.join(schedules)}")  # fmt: skip
     bench = BenchConfig(profiles=(PRICING_PROFILE,), schedules=schedules, blocks=cfg.pricing_blocks,
@@ -194,6 +221,10 @@ class SeedRun:
     wall_s: float
     run_dir: str
     knobs: dict[str, Any] = field(default_factory=dict)
+    # what the run generated for what it trained: prompt groups generated (trained or dropped; our modes' count,
+    # else the trained ones) and, with dynamic sampling, each step's share of response tokens thrown away
+    groups_generated: int = 0
+    dropped_token_frac: list[float] = field(default_factory=list)
 
 
 def item_verdicts(validation_dir: str, per_verl_step: int = 1) -> dict[int, dict[str, int]]:
@@ -225,13 +256,14 @@ def train_run(cfg: LearnBenchConfig, mode: str, seed: int, knobs: dict[str, Any]
     from verl_pipe.quickstart import QuickstartConfig, follow_training, metrics_log_path, prepare
 
     planned = Knobs(**knobs)
+    trainer_mode = base_mode(mode)
     # separate_async syncing after every minibatch trains each minibatch as a verl step of its own
-    per_verl_step = verl_steps_per_step(mode, planned, cfg.minibatches)
+    per_verl_step = verl_steps_per_step(trainer_mode, planned, cfg.minibatches)
     run_dir = os.path.join(out_dir, f"{mode}-seed{seed}")
     validation_dir = os.path.join(run_dir, "validation")
     shutil.rmtree(validation_dir, ignore_errors=True)  # an earlier attempt's dumps would count twice
     qs = QuickstartConfig(
-        model="smollm2", mode=mode, data="functions",
+        model="smollm2", mode=trainer_mode, data="functions",
         steps=cfg.steps * per_verl_step,
         prompts_per_step=cfg.prompts_per_step // per_verl_step,
         samples_per_prompt=cfg.samples_per_prompt,
@@ -244,7 +276,7 @@ def train_run(cfg: LearnBenchConfig, mode: str, seed: int, knobs: dict[str, Any]
         out_dir=run_dir, ray_address=address, validate_at_start=validate_first,
         overrides=[f"trainer.test_freq={cfg.val_every * per_verl_step}",
                    f"trainer.validation_data_dir={validation_dir}",
-                   *knob_overrides(mode, planned, cfg.minibatches)],
+                   *knob_overrides(trainer_mode, planned, cfg.minibatches), *variant_overrides(mode)],
     )  # fmt: skip
     run_dir, argv, env = prepare(qs)
     started = time.time()
@@ -258,12 +290,16 @@ def train_run(cfg: LearnBenchConfig, mode: str, seed: int, knobs: dict[str, Any]
     if logged != list(verdicts):  # the dump and verl's own metric must agree on which steps were validated
         raise RuntimeError(f"{run_dir}: validations logged at {logged}, dumped at {list(verdicts)}")
     trained = sum(1 for _, data in steps if "actor/pg_loss" in data)
+    generated = sum(int(data.get("pipeline/prompts_consumed", qs.prompts_per_step)) for _, data in steps
+                    if "timing_s/step" in data)  # fmt: skip
     run = SeedRun(
         mode=mode, seed=seed, rollout=qs.rollout,
         rewards=[float(data["critic/score/mean"]) for _, data in steps],
         validations=validations, verdicts=verdicts,
         samples_trained=trained * qs.prompts_per_step * qs.samples_per_prompt,
-        wall_s=time.time() - started, run_dir=run_dir, knobs=knobs,
+        wall_s=time.time() - started, run_dir=run_dir, knobs=knobs, groups_generated=generated,
+        dropped_token_frac=[float(data["pipeline/dapo/dropped_token_frac"]) for _, data in steps
+                            if "pipeline/dapo/dropped_token_frac" in data],
     )  # fmt: skip
     with open(os.path.join(run_dir, RUN_RECORD), "w", encoding="utf-8") as fh:
         json.dump(asdict(run), fh)
@@ -307,7 +343,7 @@ def run_learn_bench(cfg: LearnBenchConfig, progress: Callable[[str], None] = pri
         json.dump(asdict(cfg), fh, indent=1)
     started = time.time()
     runs: list[SeedRun] = []
-    modes = [BASELINE_MODE, *(m for m in cfg.modes if m != BASELINE_MODE)]
+    modes = [cfg.baseline, *(m for m in cfg.modes if m != cfg.baseline)]
     order = [(seed, mode) for seed in cfg.seeds for mode in modes]
     head = contextlib.nullcontext(cfg.ray_address) if cfg.ray_address else local_ray_head(num_cpus=16)
     with head as address:
@@ -341,12 +377,28 @@ def analyse(cfg: LearnBenchConfig, runs: list[SeedRun], pricing: Pricing, out_di
         "pricing": asdict(pricing),
         "runs": [asdict(r) for r in runs],
         "analysis": learn_stats.compare_modes(
-            {(r.mode, r.seed): r.verdicts for r in runs}, pricing.step_s, baseline=BASELINE_MODE,
+            {(r.mode, r.seed): r.verdicts for r in runs}, pricing.step_s, baseline=cfg.baseline,
             target=cfg.target, target_margin=cfg.target_margin, margin=cfg.non_inferiority_margin,
             resamples=cfg.bootstrap,
         ),
+        "generation": generation_per_mode(runs, cfg),
         "out_dir": out_dir,
     }
+
+
+def generation_per_mode(runs: list[SeedRun], cfg: LearnBenchConfig) -> dict[str, dict[str, float]]:
+    """Per mode, over its seeds: prompt groups generated per group trained (1 without dynamic sampling), and the
+    mean share of a step's response tokens spent on groups thrown away."""
+    out = {}
+    for mode in dict.fromkeys(r.mode for r in runs):
+        mine = [r for r in runs if r.mode == mode]
+        fracs = [f for r in mine for f in r.dropped_token_frac]
+        out[mode] = {
+            "groups_per_trained_group": sum(r.groups_generated for r in mine) / (len(mine) * cfg.steps
+                                                                                * cfg.prompts_per_step),
+            "dropped_token_frac": sum(fracs) / len(fracs) if fracs else 0.0,
+        }  # fmt: skip
+    return out
 
 
 def write_result(result: dict[str, Any], out_dir: str) -> dict[str, Any]:
@@ -357,6 +409,16 @@ def write_result(result: dict[str, Any], out_dir: str) -> dict[str, Any]:
     with open(result["json"], "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=1)
     return result
+
+
+def format_generation(generation: dict[str, dict[str, float]]) -> list[str]:
+    if not any(row["groups_per_trained_group"] > 1 or row["dropped_token_frac"] for row in generation.values()):
+        return []
+    lines = ["generation per step (a variant's refills are not in the clock above: it prices the step as its mode's):"]
+    for mode, row in generation.items():
+        lines.append(f"  {mode:24s} {row['groups_per_trained_group']:.2f} groups generated per group trained, "
+                     f"{100 * row['dropped_token_frac']:.1f}% of response tokens thrown away")  # fmt: skip
+    return lines
 
 
 def format_report(result: dict[str, Any]) -> str:
@@ -372,7 +434,8 @@ def format_report(result: dict[str, Any]) -> str:
         f"{len(next(iter(pricing['step_s'].values())))} blocks): "
         + "; ".join(f"{mode} {pricing['layouts'][mode]} {sum(s) / len(s):.1f} s/step"
                     for mode, s in pricing["step_s"].items()),
-        *format_analysis(result["analysis"], BASELINE_MODE),
+        *format_analysis(result["analysis"], cfg.get("baseline", BASELINE_MODE)),
+        *format_generation(result.get("generation", {})),
         f"curves: {result['png']}",
         f"report: {result['json']}",
     ]

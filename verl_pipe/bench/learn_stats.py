@@ -145,12 +145,12 @@ def format_analysis(analysis: dict[str, Any], baseline: str) -> list[str]:
         f"untrained: {100 * untrained['accuracy']:.1f}% [{100 * low:.1f}, {100 * high:.1f}] of {analysis['items']} "
         f"items; target {100 * analysis['target']:.1f}% (the upper bound + margin)",
         f"accuracy at each validated step, mean over seeds [95% bootstrap over seeds and items]:",
-        "  " + f"{'mode':20s} {'seeds':>5s} " + " ".join(f"{'step ' + str(s):>20s}" for s in steps),
+        "  " + f"{'mode':24s} {'seeds':>5s} " + " ".join(f"{'step ' + str(s):>20s}" for s in steps),
     ]
     for mode, row in analysis["modes"].items():
         cells = [f"{100 * a:5.1f} [{100 * lo:4.1f},{100 * hi:4.1f}]" for a, (lo, hi) in
                  zip(row["accuracy"], row["accuracy_interval"])]  # fmt: skip
-        lines.append("  " + f"{mode:20s} {len(row['seeds']):5d} " + " ".join(f"{c:>20s}" for c in cells))
+        lines.append("  " + f"{mode:24s} {len(row['seeds']):5d} " + " ".join(f"{c:>20s}" for c in cells))
     lines.append(f"paired difference against {baseline}, points (same seeds, same items) [95%]; non-inferior: lower "
                  f"bound above -{100 * analysis['margin']:.0f} points (! where not shown)")  # fmt: skip
     for mode, row in analysis["modes"].items():
@@ -158,9 +158,9 @@ def format_analysis(analysis: dict[str, Any], baseline: str) -> list[str]:
             continue
         cells = [f"{100 * d:+5.1f} [{100 * lo:+5.1f},{100 * hi:+5.1f}]{'' if ok else '!'}" for d, (lo, hi), ok in
                  zip(row["difference"], row["difference_interval"], row["non_inferior"])]  # fmt: skip
-        lines.append("  " + f"{mode:20s} {'':5s} {'':>20s} " + " ".join(f"{c:>20s}" for c in cells[1:]))
+        lines.append("  " + f"{mode:24s} {'':5s} {'':>20s} " + " ".join(f"{c:>20s}" for c in cells[1:]))
     lines.append("time to target on the modelled cluster (steps x mean step price):")
-    lines.append(f"  {'mode':20s} {'steps [95%]':>18s} {'per seed':>18s} {'reached':>8s} {'step s':>7s} {'hours':>7s} "
+    lines.append(f"  {'mode':24s} {'steps [95%]':>18s} {'per seed':>18s} {'reached':>8s} {'step s':>7s} {'hours':>7s} "
                  f"{'vs ' + baseline + ' [95%]':>22s}")  # fmt: skip
     for mode, row in analysis["modes"].items():
         s_low, s_high = row["steps_to_target_interval"]
@@ -170,7 +170,7 @@ def format_analysis(analysis: dict[str, Any], baseline: str) -> list[str]:
             lo, hi = row["speedup_interval"]
             speed = f"{row['speedup_vs_baseline']:.2f}x [{lo:.2f},{hi:.2f}]"
         lines.append(
-            f"  {mode:20s} {row['steps_to_target']:5.1f} [{s_low:4.1f},{s_high:4.1f}] {per_seed:>18s} "
+            f"  {mode:24s} {row['steps_to_target']:5.1f} [{s_low:4.1f},{s_high:4.1f}] {per_seed:>18s} "
             f"{100 * row['reached_share']:7.0f}% {row['price_s']:7.1f} {row['hours_to_target']:7.3f} {speed:>22s}"
         )
     return lines
