@@ -86,7 +86,9 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         uniform = eviction_reasons[1]
         if self.dynamic_sampling is not None and uniform:
             self._record_uniform_drops(partition_id, uniform)  # before verl clears them from TransferQueue
-        tags = dict(self.prompt_global_steps[partition_id])
+        # the batch tags of the groups about to go (verl clears them); called on every poll, mostly with none
+        steps = self.prompt_global_steps[partition_id]
+        tags = {uid: steps.get(uid, global_steps) for uid in set().union(*eviction_reasons[:3])}
         evicted = super()._evict_terminal_groups(global_steps, partition_id, eviction_reasons)
         self.last_evicted_tags = [int(tags.get(uid, global_steps)) for uid in sorted(evicted[0])]
         self._evicted_while_waiting += len(evicted[0]) - len(uniform)  # failed (or stale) groups, replaced

@@ -181,6 +181,8 @@ def plot_learning(result: dict, out_png: str) -> str:
         hours_per_step = row["price_s"] / 3600.0
         rewards = [run["rewards"] for run in result["runs"] if run["mode"] == mode]
         for column, scale in ((0, 1.0), (1, hours_per_step)):
+            if column == 1 and row.get("unpriced"):  # a variant has no clock (learn.mark_variants_unpriced)
+                continue
             x = [s * scale for s in steps]
             line = axes[0][column].plot(x, [100 * a for a in row["accuracy"]], marker="o", label=mode)[0]
             colour = line.get_color()

@@ -23,6 +23,7 @@ from verl_pipe.bench.learn import (
     format_generation,
     format_report,
     generation_per_mode,
+    mark_variants_unpriced,
     item_verdicts,
     load_run,
     pricing_from_report,
@@ -30,7 +31,7 @@ from verl_pipe.bench.learn import (
     variant_overrides,
     write_result,
 )
-from verl_pipe.bench.learn_stats import compare_modes, crossing_step
+from verl_pipe.bench.learn_stats import compare_modes, crossing_step, format_analysis
 from verl_pipe.cli import build_parser
 from verl_pipe.compat import SetupError
 from verl_pipe.run_metrics import Validation, validations_from_verl_log, wilson_interval
@@ -302,7 +303,7 @@ def test_a_bench_cut_short_keeps_its_runs_and_refuses_a_run_of_another_experimen
 
 def test_a_dapo_variant_trains_its_mode_with_dynamic_sampling_priced_as_that_mode():
     """``<mode>+dapo`` against ``--baseline <mode>``: the question is whether the refill buys learning per step; its
-    step is priced as the mode's (the clock leaves the refills' extra generation out, the runs record it)."""
+    step price is read as the mode's for the knobs, but the report gives it no clock (its refills are not priced)."""
     import verl.trainer.main_ppo as main_ppo
     from hydra import compose, initialize_config_dir
 
@@ -334,6 +335,14 @@ def test_the_report_says_what_each_mode_generated_for_what_it_trained():
     generation = generation_per_mode([run(plain, 40, []), run(dapo, 60, [0.2, 0.4]), run(dapo, 80, [0.6])], cfg)
     assert generation[plain] == {"groups_per_trained_group": 1.0, "dropped_token_frac": 0.0}
     assert generation[dapo] == {"groups_per_trained_group": 1.75, "dropped_token_frac": pytest.approx(0.4)}
+    # the variant's clock would be its mode's price, without its refills: the report gives it no hours and no ratio
+    analysis = _analyse(_experiment((0.42, 0.50, 0.55)))
+    analysis["modes"][dapo] = dict(analysis["modes"]["in_flight_pipeline"])
+    mark_variants_unpriced(analysis)
+    assert analysis["modes"][dapo]["unpriced"] and "speedup_vs_baseline" not in analysis["modes"][dapo]
+    assert "speedup_vs_baseline" in analysis["modes"]["in_flight_pipeline"]
+    clock = [line for line in format_analysis(analysis, "sync") if line.lstrip().startswith(dapo)][-1]
+    assert clock.rstrip().endswith("not priced") and "x [" not in clock
     text = "\n".join(format_generation(generation))
     assert "1.75 groups generated per group trained, 40.0% of response tokens thrown away" in text
     assert format_generation({plain: generation[plain]}) == []  # nothing to say without dynamic sampling

@@ -41,8 +41,8 @@ BASELINE_MODE = "sync"
 PRICING_PROFILE = "coding"
 FUNCTIONS = DATASETS["functions"]  # the task's defaults, as `verl-pipe quickstart --data functions` runs it
 RUN_RECORD = "run.json"  # a finished run's record in its folder: a rerun into the same --out-dir skips it
-# ``<mode>+<variant>``: the mode trained with these overrides, priced as the mode (the clock leaves out what the
-# variant adds to generation: its runs record that instead).
+# ``<mode>+<variant>``: the mode trained with these overrides. Its knobs are the mode's; the step price would be too,
+# without what the variant adds to generation, so the report gives it no clock (its runs record the generation).
 VARIANTS = {
     "dapo": ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=reward",
              "algorithm.filter_groups.max_num_gen_batches=3"),
@@ -372,18 +372,31 @@ def analyse(cfg: LearnBenchConfig, runs: list[SeedRun], pricing: Pricing, out_di
     untrained = next(r.verdicts[0] for r in runs if 0 in r.verdicts)
     for run in runs:
         run.verdicts.setdefault(0, untrained)
+    analysis = learn_stats.compare_modes(
+        {(r.mode, r.seed): r.verdicts for r in runs}, pricing.step_s, baseline=cfg.baseline,
+        target=cfg.target, target_margin=cfg.target_margin, margin=cfg.non_inferiority_margin,
+        resamples=cfg.bootstrap,
+    )
+    mark_variants_unpriced(analysis)
     return {
         "config": asdict(cfg),
         "pricing": asdict(pricing),
         "runs": [asdict(r) for r in runs],
-        "analysis": learn_stats.compare_modes(
-            {(r.mode, r.seed): r.verdicts for r in runs}, pricing.step_s, baseline=cfg.baseline,
-            target=cfg.target, target_margin=cfg.target_margin, margin=cfg.non_inferiority_margin,
-            resamples=cfg.bootstrap,
-        ),
+        "analysis": analysis,
         "generation": generation_per_mode(runs, cfg),
         "out_dir": out_dir,
     }
+
+
+def mark_variants_unpriced(analysis: dict[str, Any]) -> None:
+    """A variant is priced as its mode, without its extra generation: its hours and speedup would flatter it, so the
+    report shows learning per step for it and no clock."""
+    for mode, row in analysis["modes"].items():
+        if "+" in mode:
+            row["unpriced"] = True
+            for key in ("hours_to_target", "speedup_vs_baseline", "price_ratio_vs_baseline"):
+                row.pop(key, None)
+            row.pop("speedup_interval", None)
 
 
 def generation_per_mode(runs: list[SeedRun], cfg: LearnBenchConfig) -> dict[str, dict[str, float]]:
@@ -414,7 +427,7 @@ def write_result(result: dict[str, Any], out_dir: str) -> dict[str, Any]:
 def format_generation(generation: dict[str, dict[str, float]]) -> list[str]:
     if not any(row["groups_per_trained_group"] > 1 or row["dropped_token_frac"] for row in generation.values()):
         return []
-    lines = ["generation per step (a variant's refills are not in the clock above: it prices the step as its mode's):"]
+    lines = ["generation per step (a variant's refills are why the clock above does not price it):"]
     for mode, row in generation.items():
         lines.append(f"  {mode:24s} {row['groups_per_trained_group']:.2f} groups generated per group trained, "
                      f"{100 * row['dropped_token_frac']:.1f}% of response tokens thrown away")  # fmt: skip

@@ -165,12 +165,15 @@ def format_analysis(analysis: dict[str, Any], baseline: str) -> list[str]:
     for mode, row in analysis["modes"].items():
         s_low, s_high = row["steps_to_target_interval"]
         per_seed = ",".join(f"{s:.1f}" if math.isfinite(s) else "-" for s in row["steps_to_target_per_seed"])
-        speed = "-"
-        if mode != baseline:
+        if row.get("unpriced"):  # a variant whose extra generation the step price leaves out: no clock for it
+            speed, price, hours = "not priced", "-", "-"
+        else:
+            speed, price, hours = "-", f"{row['price_s']:7.1f}", f"{row['hours_to_target']:7.3f}"
+        if mode != baseline and not row.get("unpriced"):
             lo, hi = row["speedup_interval"]
             speed = f"{row['speedup_vs_baseline']:.2f}x [{lo:.2f},{hi:.2f}]"
         lines.append(
             f"  {mode:24s} {row['steps_to_target']:5.1f} [{s_low:4.1f},{s_high:4.1f}] {per_seed:>18s} "
-            f"{100 * row['reached_share']:7.0f}% {row['price_s']:7.1f} {row['hours_to_target']:7.3f} {speed:>22s}"
+            f"{100 * row['reached_share']:7.0f}% {price:>7s} {hours:>7s} {speed:>22s}"
         )
     return lines
