@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from readme_demo import first_screen_demo  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_agreement import disagreement  # noqa: E402
+from engine_agreement import MAX, MEAN, PEARSON, disagreement  # noqa: E402
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
 # `make test` runs this file from .venv-vllm with this set: there a missing vLLM is a broken install, not a skip.
@@ -148,7 +148,8 @@ def _records(steps: list[dict], log: str, tail_of, expected: int = STEPS, valida
 
 def _assert_engine_serves_the_trainers_weights(data: dict) -> None:
     assert data["training/off_policy/trajectory_staleness/max"] == 0, "only a step sampled from v_now is comparable"
-    assert disagreement(data) is None, (disagreement(data), data)
+    shown = {key: data.get(key) for key in (MEAN, MAX, PEARSON, "actor/entropy", "response_length/mean")}
+    assert disagreement(data) is None, (disagreement(data), shown)
 
 
 def _assert_every_sync_changed_the_engine(probe: str, at_least: int) -> None:
