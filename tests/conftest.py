@@ -127,7 +127,21 @@ def pytest_runtest_protocol(item, nextitem):
         _shm_first_seen.setdefault(name, item.nodeid)
 
 
+# Figures tests measured, printed together at the end of the session (runs of different modes side by side).
+_measured: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def report_measurement():
+    """``report_measurement(line)``: a line for the session summary's "measured in this session" section."""
+    return _measured.append
+
+
 def pytest_terminal_summary(terminalreporter):
+    if _measured:
+        terminalreporter.write_sep("-", "measured in this session")
+        for line in _measured:
+            terminalreporter.write_line(line)
     left = {name: test for name, test in _shm_first_seen.items() if os.path.exists(os.path.join(_SHM, name))}
     if left:
         terminalreporter.write_sep("-", f"left in {_SHM} by this session")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from verl_pipe.bench.latency import LatencyModel
-from verl_pipe.bench.replica_model import ModelledReplica, ModelledRequest, ReplicaSim, batch_generation_s
+from verl_pipe.bench.replica_model import ModelledReplica, ModelledRequest, PoolSim, ReplicaSim, batch_generation_s
 from verl_pipe.bench.sampler_trace import SAMPLER_TRACE_ENV, busy_share, load_busy_spans
 
 
@@ -142,6 +142,25 @@ class _Answer:
 
 def _cut(answer: _Answer, share: float) -> _Answer:
     return _Answer(answer.token_ids[: int(share * len(answer.token_ids))], stop_reason="aborted")
+
+
+def test_a_pool_sends_a_new_request_to_the_least_loaded_replica_and_an_aborted_one_back_to_its_own():
+    """verl's load balancer keeps a request on its server: the partial-rollout client resubmits an aborted request
+    under the same id. The control: a request never seen goes to the emptier replica."""
+    pool = PoolSim(_model(replicas=2))
+    crowded, empty = pool.replicas
+    requests = [ModelledRequest(total=100, decoded=0.0, prefix=50) for _ in range(3)]
+    for request in requests:  # 0 and 2 to one replica, 1 to the other
+        pool.admit(request)
+    pool.advance(1.0)
+    pool.remove(requests[1])
+    assert (len(crowded.running), len(empty.running)) == (2, 0)
+    for request in pool.take_all():  # an aborting sync, then every request resubmitted
+        pool.admit(request)
+    assert (len(crowded.running), len(empty.running)) == (2, 0)
+    newcomer = ModelledRequest(total=100, decoded=0.0, prefix=50)
+    pool.admit(newcomer)
+    assert empty.running == [newcomer]
 
 
 def test_an_abort_ends_requests_where_the_replica_is_and_the_resumed_rest_pays_its_prefill_again(tmp_path, monkeypatch):

@@ -51,6 +51,20 @@ def test_an_aborting_sync_pays_the_prefill_of_what_it_cut():
     assert simulate(free, steps=10, warmup_steps=3).step_s < simulate(base, steps=10, warmup_steps=3).step_s
 
 
+def test_without_its_abort_verls_schedule_saves_the_re_prefill_and_nothing_else():
+    """The no-abort what-if (verl's separate_async, each sync an in-flight load) is faster than the real schedule;
+    the control: with a free prefill, a resubmission costs nothing and the two take the same time."""
+    real = _scenario("separate_async", sync_every=1)
+    no_abort = replace(real, abort_on_sync=False)
+    assert simulate(no_abort, steps=10, warmup_steps=3).step_s < simulate(real, steps=10, warmup_steps=3).step_s
+
+    def free(what_if: Scenario) -> Scenario:
+        return replace(what_if, model=replace(what_if.model, prefill_tokens_per_s=1e15))
+
+    free_real, free_no_abort = (simulate(free(s), steps=10, warmup_steps=3) for s in (real, no_abort))
+    assert free_no_abort.step_s == pytest.approx(free_real.step_s, rel=0.01)
+
+
 def test_a_stalling_load_costs_the_pool_the_transfer_and_a_staged_one_does_not():
     stalling = _scenario("in_flight_pipeline", load_every_update=True)
     slow = replace(stalling, model=replace(stalling.model, sync_s=30.0))

@@ -22,7 +22,11 @@ is checked:
 * in the sync run, the validation before training scores SmolLM2's functions with the real code reward, each
   program in bubblewrap inside verl's Ray reward workers: some pass, some run and fail, none is a sandbox error,
   and the verdicts match the reward's own outside Ray (a reward that cannot execute the code fails the check);
-* both ``vllm_cpu_distribution@*`` patches ran (the patch ledger of the session).
+* both ``vllm_cpu_distribution@*`` patches ran (the patch ledger of the session);
+* what a sync inside answers costs in prefill on the real engine (the servers' prefill log,
+  :mod:`verl_pipe.backends.cpu.prefill_log`): verl's ``separate_async`` resubmits its aborted requests and vLLM
+  prefills their answers again; ``in_flight_pipeline``, on the same run settings, resubmits and re-prefills
+  nothing. Both runs' counts per step are printed side by side in the session's summary.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 
+from verl_pipe.backends.cpu.prefill_log import read_prefill_log
 from verl_pipe.backends.cpu.shm import removing_orphaned_segments
 from verl_pipe.data.embedded import write_embedded_dataset
 from verl_pipe.data.function_family import write_function_dataset
@@ -68,6 +73,8 @@ pytestmark = [
 
 # vLLM's worker inherits the job's environment (verl_pipe.backends.cpu.vllm_worker.SYNC_PROBE_ENV).
 PROBE_ENV_OVERRIDE = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_VLLM_SYNC_PROBE"
+# verl_pipe.backends.cpu.prefill_log.PREFILL_LOG_ENV, in the rollout servers' environment.
+PREFILL_LOG_OVERRIDE = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_PREFILL_LOG"
 LENGTH_REWARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "length_reward.py")
 # High enough that step 2's rollout would disagree with the actor if the second sync kept the old weights.
 LR = 5e-3
@@ -150,6 +157,19 @@ def _assert_engine_serves_the_trainers_weights(data: dict) -> None:
     assert data["training/off_policy/trajectory_staleness/max"] == 0, "only a step sampled from v_now is comparable"
     shown = {key: data.get(key) for key in (MEAN, MAX, PEARSON, "actor/entropy", "response_length/mean")}
     assert disagreement(data) is None, (disagreement(data), shown)
+
+
+def _report_prefill(report_measurement, mode: str, path: str, steps: int):
+    """The run's prefill counts (the servers' log), per step, in the session summary; returns the totals."""
+    summary = read_prefill_log(path)
+    per_step = summary.per(steps)
+    report_measurement(
+        f"vLLM prefill per step, syncs inside answers ({steps} steps, {' '.join(SYNC_INSIDE_ANSWERS)}), {mode}: "
+        f"{per_step['prefilled_tokens']:.0f} prompt tokens computed, {per_step['reprefilled_answer_tokens']:.0f} of "
+        f"them answer tokens sampled before an abort; {per_step['requests']:.1f} requests, "
+        f"{per_step['resubmitted']:.1f} of them resubmissions"
+    )
+    return summary
 
 
 def _assert_every_sync_changed_the_engine(probe: str, at_least: int) -> None:
@@ -254,15 +274,19 @@ def test_separate_async_syncs_over_gloo_into_vllm(tmp_path, ray_cluster, verl_ru
     _assert_every_sync_changed_the_engine(probe, at_least=STEPS)
 
 
-def test_a_sync_aborts_vllms_in_flight_requests_and_verl_resumes_them(tmp_path, ray_cluster, verl_runner, tail_of):
+def test_a_sync_aborts_vllms_in_flight_requests_and_verl_resumes_them(
+    tmp_path, ray_cluster, verl_runner, tail_of, report_measurement
+):
     """Abort and resume of in-flight requests, as on a GPU: verl's weight sync pauses the engine with
     ``pause_generation(mode="abort")``, loads the weights and resumes; the agent loop resubmits each aborted
     request with the tokens it already has (partial rollout), and the sample records both versions. One request at
     a time (``max_num_seqs=1``) and longer answers make the next batch's generation outlast a training step, so a
-    sync must land while requests run: some trained sample then spans two policy versions."""
+    sync must land while requests run: some trained sample then spans two policy versions, and the engine prefilled
+    the answer of each resubmitted request again (the prefill log's control: it sees a re-prefill)."""
+    prefill_log = str(tmp_path / "prefill.jsonl")
     rc, steps, log = _run(
         tmp_path, ray_cluster, verl_runner, "separate_async",
-        list(SYNC_INSIDE_ANSWERS_OVERRIDES), demo_args=SYNC_INSIDE_ANSWERS,
+        [f"+{PREFILL_LOG_OVERRIDE}={prefill_log}", *SYNC_INSIDE_ANSWERS_OVERRIDES], demo_args=SYNC_INSIDE_ANSWERS,
     )  # fmt: skip
     assert rc == 0, tail_of(log)
     records = _records(steps, log, tail_of, expected=3, validated_at=())
@@ -271,6 +295,9 @@ def test_a_sync_aborts_vllms_in_flight_requests_and_verl_resumes_them(tmp_path, 
     ]
     for data in records:  # a resumed request finishes normally: nothing reaches training as aborted
         assert data["response/aborted_ratio"] == 0, data
+    prefill = _report_prefill(report_measurement, "verl separate_async", prefill_log, steps=3)
+    assert prefill.aborted >= 1 and prefill.resubmitted >= 1, prefill
+    assert prefill.reprefilled_answer_tokens >= prefill.resubmitted, prefill  # each carried at least one token
 
 
 def test_minibatch_pipeline_samples_each_iteration_from_the_synced_weights(tmp_path, ray_cluster, verl_runner, tail_of):
@@ -312,7 +339,7 @@ def test_one_off_pipeline_samples_one_version_behind_from_vllm(tmp_path, ray_clu
 
 
 def test_in_flight_pipeline_loads_into_running_vllm_requests_and_tags_their_tokens(
-    tmp_path, ray_cluster, verl_runner, tail_of
+    tmp_path, ray_cluster, verl_runner, tail_of, report_measurement
 ):
     """verl-pipe's in_flight_pipeline on vLLM: nothing is aborted; each sync is verl's weight RPC, which vLLM's
     engine runs between two scheduler steps while the running requests wait with their KV cache, and the worker
@@ -320,11 +347,14 @@ def test_in_flight_pipeline_loads_into_running_vllm_requests_and_tags_their_toke
     request at a time and longer answers make generation outlast a training step, so loads land inside answers:
     some trained samples span two versions, none lags more than the bound (the trainer raises otherwise), nothing
     reaches training aborted, and every sync changed the engine's weights. A server that ignored the worker's
-    counts would tag each answer with one version, and no sample would span two."""
+    counts would tag each answer with one version, and no sample would span two. Nothing is resubmitted, so no
+    answer is prefilled again (what verl's separate_async pays on the same settings, in the abort test above)."""
     probe = str(tmp_path / "vllm_sync_probe.jsonl")
+    prefill_log = str(tmp_path / "prefill.jsonl")
     rc, steps, log = _run(
         tmp_path, ray_cluster, verl_runner, "in_flight_pipeline",
-        [f"+{PROBE_ENV_OVERRIDE}={probe}", *SYNC_INSIDE_ANSWERS_OVERRIDES], demo_args=SYNC_INSIDE_ANSWERS,
+        [f"+{PROBE_ENV_OVERRIDE}={probe}", f"+{PREFILL_LOG_OVERRIDE}={prefill_log}", *SYNC_INSIDE_ANSWERS_OVERRIDES],
+        demo_args=SYNC_INSIDE_ANSWERS,
     )  # fmt: skip
     assert rc == 0, tail_of(log)
     records = _records(steps, log, tail_of, expected=3, validated_at=())
@@ -339,3 +369,6 @@ def test_in_flight_pipeline_loads_into_running_vllm_requests_and_tags_their_toke
     for data in records:
         assert data["response/aborted_ratio"] == 0, data
     _assert_every_sync_changed_the_engine(probe, at_least=STEPS)
+    prefill = _report_prefill(report_measurement, "verl-pipe in_flight_pipeline", prefill_log, steps=3)
+    assert (prefill.aborted, prefill.resubmitted, prefill.reprefilled_answer_tokens) == (0, 0, 0), prefill
+    assert prefill.requests >= 3 * 4 * 2 and prefill.output_tokens > 0, prefill  # the log saw every answer

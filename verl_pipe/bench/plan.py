@@ -10,7 +10,8 @@ after every update.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional
 
 from verl_pipe.bench.cluster import Engine, Layout, NamedCluster, colocated, latency_model, split
 from verl_pipe.bench.simulate import Scenario, Summary, over_seeds, simulate
@@ -21,10 +22,12 @@ class Knobs:
     sync_every: int = 0  # separate_async: minibatch updates per sync (0: once a step)
     load_every_update: bool = False  # in_flight_pipeline: a load after every minibatch update
     max_lag: int = 1  # in_flight_pipeline's lag bound
+    abort_on_sync: bool = True  # separate_async; False only in the what-if of its sync without the abort
 
     def describe(self, schedule: str) -> str:
         if schedule == "separate_async":
-            return "sync every update" if self.sync_every == 1 else "sync once a step"
+            cadence = "sync every update" if self.sync_every == 1 else "sync once a step"
+            return cadence if self.abort_on_sync else cadence + ", no abort (what-if)"
         if schedule == "in_flight_pipeline":
             return f"lag {self.max_lag}, " + ("a load every update" if self.load_every_update else "a load a step")
         return ""
@@ -34,6 +37,8 @@ KNOB_OPTIONS = {
     "separate_async": (Knobs(sync_every=0), Knobs(sync_every=1)),
     "in_flight_pipeline": (Knobs(load_every_update=False), Knobs(load_every_update=True)),
 }
+# verl's separate_async with each sync an in-flight load: a what-if bound, tuned like the real one.
+NO_ABORT_KNOBS = tuple(replace(knobs, abort_on_sync=False) for knobs in KNOB_OPTIONS["separate_async"])
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,8 @@ def scenario(cluster: NamedCluster, engine: Engine, schedule: str, layout: Layou
     """The what-if scenario of one mode on one layout, for a benchmark of ``prompts`` x ``samples`` requests."""
     model = latency_model(cluster, layout, engine, prompts * samples)
     return Scenario(schedule, model, prompts=prompts, samples=samples, minibatches=cluster.workload.minibatches,
-                    sync_every=knobs.sync_every, max_lag=knobs.max_lag, load_every_update=knobs.load_every_update)
+                    sync_every=knobs.sync_every, max_lag=knobs.max_lag, load_every_update=knobs.load_every_update,
+                    abort_on_sync=knobs.abort_on_sync)
 
 
 def layouts(cluster: NamedCluster, schedule: str) -> list[Layout]:
@@ -62,9 +68,10 @@ FINALISTS = 3  # candidates the first, one-seed pass keeps for the full comparis
 
 
 def plan(cluster: NamedCluster, engine: Engine, schedule: str, prompts: int, samples: int, seeds: int = 3,
-         steps: int = 12, warmup_steps: int = 3) -> Plan:  # fmt: skip
+         steps: int = 12, warmup_steps: int = 3, knob_options: Optional[tuple[Knobs, ...]] = None) -> Plan:  # fmt: skip
     """The fastest layout and knobs of ``schedule`` on the cluster, by the what-if model's mean over ``seeds``: every
-    candidate on one seed first, then the fastest few on all of them."""
+    candidate on one seed first, then the fastest few on all of them. ``knob_options``: the settings to try
+    (default: the schedule's own, ``KNOB_OPTIONS``)."""
 
     def mean_step(layout: Layout, knobs: Knobs, seed_count: int) -> float:
         what_if = scenario(cluster, engine, schedule, layout, knobs, prompts, samples)
@@ -72,7 +79,7 @@ def plan(cluster: NamedCluster, engine: Engine, schedule: str, prompts: int, sam
                                for seed in range(seed_count))  # fmt: skip
 
     candidates = [(layout, knobs) for layout in layouts(cluster, schedule)
-                  for knobs in KNOB_OPTIONS.get(schedule, (Knobs(),))]  # fmt: skip
+                  for knobs in knob_options or KNOB_OPTIONS.get(schedule, (Knobs(),))]  # fmt: skip
     if len(candidates) > FINALISTS:
         candidates = sorted(candidates, key=lambda c: mean_step(*c, seed_count=1))[:FINALISTS]
     return min((Plan(schedule, layout, knobs, mean_step(layout, knobs, seeds)) for layout, knobs in candidates),

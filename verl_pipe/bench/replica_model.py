@@ -187,9 +187,9 @@ class ReplicaSim:
 
 
 class PoolSim:
-    """A sampler pool: ``model.replicas`` replicas, each request sent to the least loaded (verl's load balancer
-    picks the server with the fewest requests in flight). The same interface as one :class:`ReplicaSim`; a weight
-    load reaches every replica at once."""
+    """A sampler pool: ``model.replicas`` replicas, each new request sent to the least loaded (verl's load balancer
+    picks the server with the fewest requests in flight) and a resubmitted one to its own. The same interface as
+    one :class:`ReplicaSim`; a weight load reaches every replica at once."""
 
     def __init__(self, model: "LatencyModel", replica_factory: Callable[["LatencyModel"], ReplicaSim] = ReplicaSim):
         self.model = model
@@ -218,7 +218,9 @@ class PoolSim:
         return max(replica.pending_stall_s for replica in self.replicas)
 
     def admit(self, request: ModelledRequest) -> None:
-        replica = min(self.replicas, key=lambda r: len(r.running) + len(r.waiting))
+        """To the least loaded replica; a request taken out by an abort goes back to its own (verl's load balancer
+        keeps a request on its server: the partial-rollout client resubmits under the same request id)."""
+        replica = self._home.get(id(request)) or min(self.replicas, key=lambda r: len(r.running) + len(r.waiting))
         self._home[id(request)] = replica
         replica.admit(request)
 
@@ -232,12 +234,12 @@ class PoolSim:
             replica.stall(seconds)
 
     def take_all(self) -> list[ModelledRequest]:
-        """Take every running and waiting request out (an aborting sync); what each decoded stays decoded."""
+        """Take every running and waiting request out (an aborting sync); what each decoded stays decoded, and each
+        keeps its replica for its resubmission."""
         taken = []
         for replica in self.replicas:
             taken += [*replica.running, *replica.waiting]
             replica.running, replica.waiting = [], deque()
-        self._home.clear()
         return taken
 
     def time_to_next_finish(self) -> float:

@@ -21,7 +21,9 @@ What each schedule does, as the real modes do it (``M`` minibatch updates per st
   without aborting anything: after every minibatch update with ``load_every_update``, else once a step.
 * ``separate_async`` (verl): one batch ahead (its warm-up batch); each minibatch takes the oldest scored groups of
   any batch; every ``sync_every`` updates the sync aborts every request in the pool, holds it for the transfer,
-  and resubmits each, which pays the prefill of its prompt and of what it had decoded again.
+  and resubmits each, which pays the prefill of its prompt and of what it had decoded again. With
+  ``abort_on_sync=False`` (a what-if, no mode runs it) the sync is an in-flight load instead: the gap between the
+  two is all that loading without an abort can win on verl's own schedule.
 
 A weight load under the ``today`` engine stalls every replica for ``sync_s``; under ``staged`` nothing stalls and
 the new version starts ``sync_s`` later (the replicas hold fewer requests: the copy's KV room, which the
@@ -55,6 +57,9 @@ class Scenario:
     max_lag: int = 1  # in_flight_pipeline's lag bound
     load_every_update: bool = False  # in_flight_pipeline: a load after every minibatch update, not once a step
     trainer_overhead_s: float = 0.0  # modelled trainer seconds per minibatch outside the modelled phases
+    # separate_async: verl's sync aborts and resubmits every request; False is a what-if, the same schedule with an
+    # in-flight load instead (nothing re-prefilled): the most that loading without an abort can gain on it
+    abort_on_sync: bool = True
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -309,7 +314,8 @@ def _separate_async(w: _World, steps: int, record: Record) -> None:
             taken += keys
             updates += 1
             if updates % sync_every == 0:
-                w.aborting_sync(step - 1 + len(taken) / w.s.prompts)
+                sync = w.aborting_sync if w.s.abort_on_sync else w.load
+                sync(step - 1 + len(taken) / w.s.prompts)
         w.admit(step + 2)  # the next step's prompts join the batch already ahead
         record(step, taken, step - 1)
 

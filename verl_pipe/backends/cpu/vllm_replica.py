@@ -45,6 +45,7 @@ from verl.plugin.platform import get_platform
 from verl.utils.net_utils import is_valid_ipv6_address
 from verl_pipe.backends.cpu.generation_timing import generation_timing
 from verl_pipe.backends.cpu.in_flight_loads import InFlightLoads, version_tags
+from verl_pipe.backends.cpu.prefill_log import PrefillLog
 
 logger = logging.getLogger("verl_pipe")
 
@@ -60,15 +61,21 @@ class CPUvLLMHttpServer(vLLMHttpServer):
     """verl's vLLM server actor, with the engine settings a CPU host can honour."""
 
     _in_flight: Optional[InFlightLoads] = None  # set by a trainer mode that never drains the sampler
+    _prefill_log: Optional[PrefillLog | bool] = None  # False once the environment said no log
 
     async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
         loads = self._in_flight
         if loads is None:
-            return await self._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
-        mark = loads.mark()
-        output = await self._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
-        versions = await loads.versions(request_id, len(output.token_ids), mark)
-        output.extra_fields = {**(output.extra_fields or {}), **version_tags(versions, self.global_steps)}
+            output = await self._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+        else:
+            mark = loads.mark()
+            output = await self._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+            versions = await loads.versions(request_id, len(output.token_ids), mark)
+            output.extra_fields = {**(output.extra_fields or {}), **version_tags(versions, self.global_steps)}
+        if self._prefill_log is None:
+            self._prefill_log = PrefillLog.from_env(replica=self.replica_rank) or False
+        if self._prefill_log:
+            self._prefill_log.record(prompt_ids, output)
         return output
 
     async def _generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):

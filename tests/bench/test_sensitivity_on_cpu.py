@@ -1,0 +1,45 @@
+"""The sensitivity table's no-abort bound: each row prices verl's separate_async with its sync an in-flight load,
+tuned like the real one, and the table prints the real one's step over it."""
+
+from __future__ import annotations
+
+from verl_pipe.bench import sensitivity
+from verl_pipe.bench.plan import KNOB_OPTIONS, NO_ABORT_KNOBS
+
+
+def test_the_no_abort_what_if_is_tuned_like_verls_mode_and_differs_only_in_the_abort():
+    real = KNOB_OPTIONS["separate_async"]
+    assert [k.sync_every for k in NO_ABORT_KNOBS] == [k.sync_every for k in real]
+    assert all(k.abort_on_sync for k in real) and not any(k.abort_on_sync for k in NO_ABORT_KNOBS)
+    assert NO_ABORT_KNOBS[0].describe("separate_async") == "sync once a step, no abort (what-if)"
+
+
+def test_the_table_prints_the_real_step_over_the_no_abort_one():
+    steps = {"sync": 200.0, "separate_async": 120.0, "one_off_pipeline": 180.0, "minibatch_pipeline": 220.0,
+             "in_flight_pipeline": 118.0, sensitivity.NO_ABORT: 100.0}  # fmt: skip
+    lines = sensitivity.format_sensitivity({"coding": [{"row": "as modelled", "step_s": steps}]})
+    (row,) = [line for line in lines if line.strip().startswith("as modelled")]
+    assert row.split()[-1] == "1.20x"  # 120 / 100
+    assert row.split()[-2] == "1.02x"  # in_flight over separate_async: 120 / 118
+    # a report saved before the bound existed still prints
+    del steps[sensitivity.NO_ABORT]
+    (old,) = [line for line in sensitivity.format_sensitivity({"coding": [{"row": "as modelled", "step_s": steps}]})
+              if line.strip().startswith("as modelled")]  # fmt: skip
+    assert old.split()[-1] == "-"
+
+
+def test_a_row_prices_the_no_abort_bound(monkeypatch):
+    priced = []
+
+    def fake_plan(named, engine, schedule, prompts, samples, **kwargs):
+        priced.append((schedule, kwargs.get("knob_options")))
+
+        class Chosen:
+            step_s = 90.0 if kwargs.get("knob_options") else 100.0
+
+        return Chosen()
+
+    monkeypatch.setattr(sensitivity, "plan", fake_plan)
+    row = sensitivity._row("as modelled", None, "today", 8, 4)
+    assert ("separate_async", NO_ABORT_KNOBS) in priced
+    assert row["step_s"][sensitivity.NO_ABORT] == 90.0 and row["step_s"]["separate_async"] == 100.0
