@@ -5,9 +5,9 @@ verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]   (or verl's own metrics lo
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
-verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 2] [--unit-s 3] [--prompts 8 --samples 4] [--rollout hf|vllm] [--out report.json]
+verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 2] [--unit-s 3] [--prompts 8 --samples 4] [--rollout hf|vllm] [--lag-target 0.85] [--out report.json]
 verl-pipe bench learn [--modes sync,in_flight_pipeline] [--baseline sync] [--seeds 0,1,2] [--steps 5] [--val-every 1] [--pipeline-report report.json] [--out-dir DIR]
-verl-pipe plan [--cluster deepcoder-14b] [--gpus 32] [--gpu h100] [--model 14b] [--tp 2] [--prompts 32] [--samples 8] [--max-len 16384] [--engine today|staged]
+verl-pipe plan [--cluster deepcoder-14b] [--gpus 32] [--gpu h100] [--model 14b] [--tp 2] [--prompts 32] [--samples 8] [--max-len 16384] [--engine today|staged] [--lag-target 0.85]
 verl-pipe data prepare deepcoder --src DIR --out DIR [--test-store PATH] | data prepare deepscaler --src FILE --out DIR
 verl-pipe data curate --src DIR --out DIR [--workers N]
 verl-pipe recipes dry-run [--json] [--recipe NAME --stage N --stages L1,L2 --cluster-gpus G] -- OVERRIDES...
@@ -115,6 +115,7 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         rollout=args.rollout,
         sensitivity=args.sensitivity,
+        lag_target=args.lag_target,
     )
     report = run_bench(cfg)
     return _print_report(format_report(report), report, args.out)
@@ -163,10 +164,10 @@ def _plan(args: argparse.Namespace) -> int:
         named = clusters.NamedCluster(**{**named.__dict__, **shape, "name": "yours" if shape or work else named.name})
         engine = clusters.engine(args.engine)
         named.roofline().kv_token_capacity(staged=engine.staged)  # the weights must fit a replica, before any plan
-        plans = plan_modes(named, engine, seeds=args.seeds)
+        plans = plan_modes(named, engine, seeds=args.seeds, max_token_lag=args.lag_target)
     except clusters.ClusterError as error:
         raise SetupError(str(error)) from None
-    print(format_plans(named, engine, plans, args.gpus_per_node))
+    print(format_plans(named, engine, plans, args.gpus_per_node, max_token_lag=args.lag_target))
     return 0
 
 
@@ -319,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--seed", type=int, default=0)
     pipe.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                       help="leave out the sensitivity table (what-if model, a few minutes)")
+    pipe.add_argument("--lag-target", dest="lag_target", type=float,
+                      help="plan every schedule at a token lag of at most this (default: each one's fastest setting)")
     pipe.add_argument("--out-dir", dest="out_dir", help="where the runs go (default: runs/bench-pipeline-<time>)")
     pipe.add_argument("--ray-address", dest="ray_address", help="join this Ray cluster instead of starting one")
     pipe.add_argument(
@@ -376,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--reward-workers", dest="reward_workers", type=int, help="samples scored at once")
     planner.add_argument("--engine", default="today", help="today (a load pauses decoding) or staged (what-if)")
     planner.add_argument("--seeds", type=int, default=5, help="draws of response lengths each mode is priced on")
+    planner.add_argument("--lag-target", dest="lag_target", type=float,
+                         help="each mode's fastest setting at a token lag of at most this (default: its fastest)")
     planner.set_defaults(func=_plan)
 
     recipes = sub.add_parser("recipes", help="compose and validate a recipe's overrides against verl's config (no GPU)")

@@ -183,6 +183,14 @@ def test_the_report_pairs_blocks_and_states_a_claim_only_when_the_interval_exclu
     # measured faster than separate_async, but the what-if model expects parity: flagged, not claimed
     assert "expects 1.00x: not a claim" in claims["in_flight_pipeline is faster than verl_separate_async"]
     assert "3 paired blocks" in text and "GPU-s" in text
+    assert "planned at token lag" not in text and "lag target" not in text
+    # planned at a lag target: the report says so, and marks a schedule that none of its settings brought within it
+    report["config"]["lag_target"] = 0.85
+    report["profiles"]["coding"]["plans"]["in_flight_pipeline"]["meets_lag_target"] = False
+    text = format_report(report)
+    assert "every schedule planned at token lag <= 0.85" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("  in_flight_pipeline ") and "sampler" in line]
+    assert row.endswith("(no setting within the lag target)")
 
 
 def test_config_errors_name_the_problem():
@@ -192,6 +200,8 @@ def test_config_errors_name_the_problem():
         BenchConfig(blocks=0).validate()
     with pytest.raises(ValueError, match="runs the trainers on engine=today only"):
         BenchConfig(engine="staged").validate()
+    with pytest.raises(ValueError, match=r"lag_target must be >= 0.*\(--lag-target\)"):
+        BenchConfig(lag_target=-0.5).validate()
     with pytest.raises(clusters.ClusterError, match="not a whole multiple of the benchmark's 56"):
         BenchConfig(prompts=7, samples=8).validate()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from verl_pipe.bench import cluster as clusters
-from verl_pipe.bench.plan import Knobs, Plan, hydra_overrides, simulated_batch
+from verl_pipe.bench.plan import Knobs, Plan, hydra_overrides, plan, simulated_batch
 from verl_pipe.cli import main
 
 
@@ -24,6 +24,33 @@ def test_a_changed_cluster_is_priced_as_given(capsys):
                  "--seeds", "1"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "14b on 16 x h100 (TP-2), 16 prompts x 8 samples" in out and "cap 8192" in out
+
+
+MATH = clusters.CLUSTERS["deepscaler-1.5b"]
+TODAY = clusters.engine("today")
+
+
+def _plan(schedule: str, target=None) -> Plan:
+    return plan(MATH, TODAY, schedule, *simulated_batch(MATH), seeds=2, steps=8, warmup_steps=2, max_token_lag=target)
+
+
+def test_a_lag_target_plans_the_fastest_setting_within_it():
+    """verl's separate_async is fastest syncing once a step; its token lag is then about 0.95. Held to 0.85 it must
+    sync after every update, and is slower for it (the control: without the target the faster, staler one wins)."""
+    free, held = _plan("separate_async"), _plan("separate_async", target=0.85)
+    assert free.knobs.sync_every == 0 and free.token_lag > 0.85 and free.meets_lag_target
+    assert held.knobs.sync_every == 1 and held.token_lag <= 0.85 and held.meets_lag_target
+    assert held.step_s > free.step_s
+
+
+def test_a_schedule_that_cannot_reach_the_lag_target_gets_its_least_lagged_setting_marked(capsys):
+    one_off = _plan("one_off_pipeline", target=0.5)  # exactly one version behind, whatever the split
+    assert not one_off.meets_lag_target and one_off.token_lag > 0.5
+    assert main(["plan", "--cluster", "deepscaler-1.5b", "--seeds", "1", "--lag-target", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "fastest setting at token lag <= 0.5" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("  one_off_pipeline ")]
+    assert "none of its settings is within the lag target" in row
 
 
 def test_the_overrides_split_pools_into_whole_nodes_when_they_can():

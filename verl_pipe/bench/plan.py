@@ -47,6 +47,9 @@ class Plan:
     layout: Layout
     knobs: Knobs
     step_s: float  # the mean over the search's seeds, modelled seconds
+    token_lag: float = 0.0  # the what-if token lag, same seeds
+    # False: the plan was asked for a token lag no setting of the schedule reaches, and is its least-lagged setting
+    meets_lag_target: bool = True
 
 
 def scenario(cluster: NamedCluster, engine: Engine, schedule: str, layout: Layout, knobs: Knobs,
@@ -65,25 +68,38 @@ def layouts(cluster: NamedCluster, schedule: str) -> list[Layout]:
 
 
 FINALISTS = 3  # candidates the first, one-seed pass keeps for the full comparison
+# One seed's token lag is noisy: the first pass keeps a candidate this far over a lag target, the full pass decides.
+SHORTLIST_LAG_SLACK = 0.05
 
 
 def plan(cluster: NamedCluster, engine: Engine, schedule: str, prompts: int, samples: int, seeds: int = 3,
-         steps: int = 12, warmup_steps: int = 3, knob_options: Optional[tuple[Knobs, ...]] = None) -> Plan:  # fmt: skip
+         steps: int = 12, warmup_steps: int = 3, knob_options: Optional[tuple[Knobs, ...]] = None,
+         max_token_lag: Optional[float] = None) -> Plan:  # fmt: skip
     """The fastest layout and knobs of ``schedule`` on the cluster, by the what-if model's mean over ``seeds``: every
     candidate on one seed first, then the fastest few on all of them. ``knob_options``: the settings to try
-    (default: the schedule's own, ``KNOB_OPTIONS``)."""
+    (default: the schedule's own, ``KNOB_OPTIONS``). ``max_token_lag``: only settings whose token lag is at most
+    this count, so that schedules compared on it are compared at equal or lower token lag (a faster setting that
+    trains on staler tokens is not a faster schedule); when none reaches it, the least-lagged setting, marked."""
 
-    def mean_step(layout: Layout, knobs: Knobs, seed_count: int) -> float:
+    def priced(layout: Layout, knobs: Knobs, seed_count: int, slack: float = 0.0) -> Plan:
         what_if = scenario(cluster, engine, schedule, layout, knobs, prompts, samples)
-        return statistics.mean(simulate(what_if, seed=seed, steps=steps, warmup_steps=warmup_steps).step_s
-                               for seed in range(seed_count))  # fmt: skip
+        runs = [simulate(what_if, seed=seed, steps=steps, warmup_steps=warmup_steps) for seed in range(seed_count)]
+        lag = statistics.mean(run.token_lag for run in runs)
+        return Plan(schedule, layout, knobs, statistics.mean(run.step_s for run in runs), token_lag=lag,
+                    meets_lag_target=max_token_lag is None or lag <= max_token_lag + slack)  # fmt: skip
+
+    def best(plans: list[Plan]) -> list[Plan]:
+        """Fastest first among those within the target; with none within it, least lagged first."""
+        within = sorted((p for p in plans if p.meets_lag_target), key=lambda p: p.step_s)
+        return within or sorted(plans, key=lambda p: (p.token_lag, p.step_s))
 
     candidates = [(layout, knobs) for layout in layouts(cluster, schedule)
                   for knobs in knob_options or KNOB_OPTIONS.get(schedule, (Knobs(),))]  # fmt: skip
     if len(candidates) > FINALISTS:
-        candidates = sorted(candidates, key=lambda c: mean_step(*c, seed_count=1))[:FINALISTS]
-    return min((Plan(schedule, layout, knobs, mean_step(layout, knobs, seeds)) for layout, knobs in candidates),
-               key=lambda chosen: chosen.step_s)  # fmt: skip
+        shortlist = best([priced(layout, knobs, seed_count=1, slack=SHORTLIST_LAG_SLACK)
+                          for layout, knobs in candidates])[:FINALISTS]  # fmt: skip
+        candidates = [(p.layout, p.knobs) for p in shortlist]
+    return best([priced(layout, knobs, seeds) for layout, knobs in candidates])[0]
 
 
 def expectation(cluster: NamedCluster, engine: Engine, chosen: Plan, prompts: int, samples: int,
@@ -118,11 +134,12 @@ class ModePlan:
     expected: Summary
 
 
-def plan_modes(cluster: NamedCluster, engine: Engine, seeds: int = 5) -> dict[str, ModePlan]:
+def plan_modes(cluster: NamedCluster, engine: Engine, seeds: int = 5,
+               max_token_lag: Optional[float] = None) -> dict[str, ModePlan]:  # fmt: skip
     prompts, samples = simulated_batch(cluster)
     plans = {}
     for mode in MODES:
-        chosen = plan(cluster, engine, mode, prompts, samples)
+        chosen = plan(cluster, engine, mode, prompts, samples, max_token_lag=max_token_lag)
         plans[mode] = ModePlan(chosen, expectation(cluster, engine, chosen, prompts, samples, seeds=seeds))
     return plans
 
@@ -153,13 +170,16 @@ def hydra_overrides(mode: str, chosen: Plan, gpus_per_node: int) -> list[str]:
     return ["'hydra.searchpath=[pkg://verl_pipe.config]'", f"+verl_pipe_trainer={mode}", *extra, *pools]
 
 
-def format_plans(cluster: NamedCluster, engine: Engine, plans: dict[str, ModePlan], gpus_per_node: int) -> str:
+def format_plans(cluster: NamedCluster, engine: Engine, plans: dict[str, ModePlan], gpus_per_node: int,
+                 max_token_lag: Optional[float] = None) -> str:  # fmt: skip
     work = cluster.workload
     sync_step = plans["sync"].expected.step_s
+    target = "" if max_token_lag is None else f"; each mode's fastest setting at token lag <= {max_token_lag:g}"
     lines = [
         f"{cluster.shape} on {cluster.gpus} x {cluster.gpu} (TP-{cluster.tp}), {work.prompts} prompts x {work.samples} "
         f"samples, responses median {work.median_response_tokens} / sigma {work.response_sigma} / cap "
-        f"{work.max_response_tokens}, reward {work.reward_s:g} s per sample; engine {engine.name} ({engine.summary})",
+        f"{work.max_response_tokens}, reward {work.reward_s:g} s per sample; engine {engine.name} ({engine.summary})"
+        f"{target}",
         *(f"  {name}: {value} ({source})" for name, value, source in cluster.roofline().sources()),
         "",
         f"  {'mode':20s} {'layout':24s} {'knobs':28s} {'step s':>12s} {'vs sync':>8s} {'smp busy':>8s} "
@@ -170,7 +190,8 @@ def format_plans(cluster: NamedCluster, engine: Engine, plans: dict[str, ModePla
         lines.append(
             f"  {mode:20s} {c.layout.describe():24s} {c.knobs.describe(mode) or '-':28s} "
             f"{e.step_s:7.1f} ±{e.step_s_sd:4.1f} {sync_step / e.step_s:7.2f}x {e.sampler_busy:8.0%} "
-            f"{e.trainer_busy:8.0%} {e.token_lag:7.2f}"
+            f"{e.trainer_busy:8.0%} {e.token_lag:7.2f}" + ("" if c.meets_lag_target else "  (none of its settings is "
+                                                          "within the lag target: its least lagged)")
         )
     lines += ["", "  hydra overrides (add to your verl command line):"]
     for mode, planned in plans.items():
