@@ -29,6 +29,7 @@ def test_a_resubmitted_answer_is_counted_as_prefilled_again(tmp_path):
     assert (summary.requests, summary.aborted, summary.resubmitted) == (4, 2, 2)
     assert summary.prompt_tokens == 20 + 25 + 27 + 20
     assert summary.prefilled_tokens == 20 + 25 + (27 - 16) + (20 - 16)
+    assert summary.resubmission_prefilled_tokens == 25 + (27 - 16)
     # the second resubmission's 7 answer tokens were computed again despite the 16 cached: 27 - 16 = 11 >= 7
     assert summary.reprefilled_answer_tokens == 5 + 7
     assert summary.output_tokens == 5 + 2 + 3 + 2
@@ -42,7 +43,7 @@ def test_control_a_prompt_that_only_starts_like_an_aborted_answer_resumes_nothin
     log.record(PROMPT + [1, 2], _output([9], "completed", cached=0))  # not the aborted request's prompt + output
     log.record(PROMPT + [1, 2, 3, 4], _output([9], "completed", cached=0))
     summary = read_prefill_log(path)
-    assert (summary.resubmitted, summary.reprefilled_answer_tokens) == (0, 0)
+    assert (summary.resubmitted, summary.resubmission_prefilled_tokens, summary.reprefilled_answer_tokens) == (0, 0, 0)
 
 
 def test_the_log_is_off_unless_the_environment_names_a_file(tmp_path, monkeypatch):

@@ -165,9 +165,10 @@ def _report_prefill(report_measurement, mode: str, path: str, steps: int):
     per_step = summary.per(steps)
     report_measurement(
         f"vLLM prefill per step, syncs inside answers ({steps} steps, {' '.join(SYNC_INSIDE_ANSWERS)}), {mode}: "
-        f"{per_step['prefilled_tokens']:.0f} prompt tokens computed, {per_step['reprefilled_answer_tokens']:.0f} of "
-        f"them answer tokens sampled before an abort; {per_step['requests']:.1f} requests, "
-        f"{per_step['resubmitted']:.1f} of them resubmissions"
+        f"{per_step['prefilled_tokens']:.0f} prompt tokens computed, {per_step['resubmission_prefilled_tokens']:.0f} "
+        f"of them for resubmitted requests ({per_step['reprefilled_answer_tokens']:.0f} answer tokens sampled before "
+        f"an abort); {per_step['requests']:.1f} requests, {per_step['resubmitted']:.1f} of them resubmissions; "
+        f"{summary.prefilled_tokens / max(summary.requests, 1):.1f} computed per request"
     )
     return summary
 
@@ -298,6 +299,7 @@ def test_a_sync_aborts_vllms_in_flight_requests_and_verl_resumes_them(
     prefill = _report_prefill(report_measurement, "verl separate_async", prefill_log, steps=3)
     assert prefill.aborted >= 1 and prefill.resubmitted >= 1, prefill
     assert prefill.reprefilled_answer_tokens >= prefill.resubmitted, prefill  # each carried at least one token
+    assert prefill.resubmission_prefilled_tokens > prefill.reprefilled_answer_tokens, prefill  # the prompt again too
 
 
 def test_minibatch_pipeline_samples_each_iteration_from_the_synced_weights(tmp_path, ray_cluster, verl_runner, tail_of):
@@ -370,5 +372,5 @@ def test_in_flight_pipeline_loads_into_running_vllm_requests_and_tags_their_toke
         assert data["response/aborted_ratio"] == 0, data
     _assert_every_sync_changed_the_engine(probe, at_least=STEPS)
     prefill = _report_prefill(report_measurement, "verl-pipe in_flight_pipeline", prefill_log, steps=3)
-    assert (prefill.aborted, prefill.resubmitted, prefill.reprefilled_answer_tokens) == (0, 0, 0), prefill
+    assert (prefill.aborted, prefill.resubmitted, prefill.resubmission_prefilled_tokens) == (0, 0, 0), prefill
     assert prefill.requests >= 3 * 4 * 2 and prefill.output_tokens > 0, prefill  # the log saw every answer

@@ -63,6 +63,8 @@ class PrefillSummary:
     resubmitted: int  # calls whose prompt carried an aborted answer
     prompt_tokens: int
     prefilled_tokens: int  # prompt tokens the engine computed (not found in its prefix cache)
+    # of which by resubmissions: the original prompt again too, since verl resets the prefix cache with the weights
+    resubmission_prefilled_tokens: int
     reprefilled_answer_tokens: int  # of which tokens of an answer sampled before an abort
     output_tokens: int
 
@@ -72,11 +74,13 @@ class PrefillSummary:
 
 
 def summarize(lines: list[dict]) -> PrefillSummary:
-    prefilled = reprefilled = 0
+    prefilled = resubmission = reprefilled = 0
     for line in lines:
         # a call aborted before it produced anything reports no cache hits: count all of its prompt as computed
         computed = line["prompt_tokens"] - (line["cached_tokens"] or 0)
         prefilled += computed
+        if line["answer_tokens_in_prompt"]:
+            resubmission += computed
         # the cache serves a prompt's front (the original prompt) first; what is left of the answer was recomputed
         reprefilled += min(line["answer_tokens_in_prompt"], computed)
     return PrefillSummary(
@@ -85,6 +89,7 @@ def summarize(lines: list[dict]) -> PrefillSummary:
         resubmitted=sum(1 for line in lines if line["answer_tokens_in_prompt"]),
         prompt_tokens=sum(line["prompt_tokens"] for line in lines),
         prefilled_tokens=prefilled,
+        resubmission_prefilled_tokens=resubmission,
         reprefilled_answer_tokens=reprefilled,
         output_tokens=sum(line["output_tokens"] for line in lines),
     )
