@@ -164,6 +164,8 @@ def _plan(args: argparse.Namespace) -> int:
         named = clusters.NamedCluster(**{**named.__dict__, **shape, "name": "yours" if shape or work else named.name})
         engine = clusters.engine(args.engine)
         named.roofline().kv_token_capacity(staged=engine.staged)  # the weights must fit a replica, before any plan
+        if args.lag_target is not None and args.lag_target < 0:
+            raise SetupError(f"--lag-target must be >= 0 (a token lag in policy versions), got {args.lag_target}")
         plans = plan_modes(named, engine, seeds=args.seeds, max_token_lag=args.lag_target)
     except clusters.ClusterError as error:
         raise SetupError(str(error)) from None

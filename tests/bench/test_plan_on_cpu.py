@@ -83,6 +83,7 @@ def test_the_simulated_batch_keeps_the_load_per_gpu():
         (["--tp", "1", "--gpu-memory-utilization", "0.3"], "do not fit a TP-1 replica's"),
         (["--engine", "magic"], "engine='magic' is not one of today, staged (--engine)"),
         (["--cluster", "moon"], "cluster='moon' is not one of deepcoder-14b"),
+        (["--lag-target", "-1"], "--lag-target must be >= 0 (a token lag in policy versions), got -1.0"),
     ],
 )  # fmt: skip
 def test_clusters_it_cannot_price_are_refused_naming_the_flag(argv, message, capsys):

@@ -3,8 +3,9 @@ tuned like the real one, and the table prints the real one's step over it."""
 
 from __future__ import annotations
 
+from verl_pipe.bench import cluster as clusters
 from verl_pipe.bench import sensitivity
-from verl_pipe.bench.plan import KNOB_OPTIONS, NO_ABORT_KNOBS
+from verl_pipe.bench.plan import KNOB_OPTIONS, NO_ABORT_KNOBS, plan
 
 
 def test_the_no_abort_what_if_is_tuned_like_verls_mode_and_differs_only_in_the_abort():
@@ -28,18 +29,13 @@ def test_the_table_prints_the_real_step_over_the_no_abort_one():
     assert old.split()[-1] == "-"
 
 
-def test_a_row_prices_the_no_abort_bound(monkeypatch):
-    priced = []
-
-    def fake_plan(named, engine, schedule, prompts, samples, **kwargs):
-        priced.append((schedule, kwargs.get("knob_options")))
-
-        class Chosen:
-            step_s = 90.0 if kwargs.get("knob_options") else 100.0
-
-        return Chosen()
-
-    monkeypatch.setattr(sensitivity, "plan", fake_plan)
-    row = sensitivity._row("as modelled", None, "today", 8, 4)
-    assert ("separate_async", NO_ABORT_KNOBS) in priced
-    assert row["step_s"][sensitivity.NO_ABORT] == 90.0 and row["step_s"]["separate_async"] == 100.0
+def test_a_row_prices_the_no_abort_bound_with_the_real_planner():
+    """The row's bound is the planner's fastest no-abort setting of verl's schedule (the what-if is deterministic, so
+    pricing it again gives the same step), and it is a different schedule from the real one (the abort costs)."""
+    named = clusters.CLUSTERS["deepscaler-1.5b"]
+    row = sensitivity._row("as modelled", named, "today", 8, 8)
+    again = plan(named, clusters.engine("today"), "separate_async", 8, 8, seeds=sensitivity.SEEDS,
+                 steps=sensitivity.STEPS, warmup_steps=sensitivity.WARMUP, knob_options=NO_ABORT_KNOBS)  # fmt: skip
+    assert not again.knobs.abort_on_sync
+    assert row["step_s"][sensitivity.NO_ABORT] == again.step_s
+    assert row["step_s"][sensitivity.NO_ABORT] != row["step_s"]["separate_async"]
