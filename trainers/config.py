@@ -47,6 +47,11 @@ class PipelineConfig:
     # data.train_batch_size, all the lag bound admits): a slot is refilled once its group finishes and the bound
     # allows, across step boundaries; the replicas queue what they cannot run.
     max_in_flight_prompts: Optional[int] = None
+    # in_flight_pipeline only. Prompt groups submitted and not yet taken by the trainer at once: generating, scored
+    # or waiting in the buffer (None: only the lag bound limits them). A steady load whose staleness it sets, by
+    # Little's law whatever the trainer's pace (a trainer that falls behind stops the feeder, not the bound);
+    # `verl-pipe plan` picks it for a lag target. At least one minibatch (ppo_mini_batch_size prompts).
+    max_untrained_prompts: Optional[int] = None
     # in_flight_pipeline only. Also load the weights of each minibatch update into the sampler, not only the step's
     # last (versions then advance by a fraction of a step; a load waits while a group due at this step still
     # generates, so no token is sampled by weights newer than the pi_old it trains against). Each load costs the
@@ -90,9 +95,9 @@ class PipelineConfig:
                 f"trainer.v1.{mode}.load_every_update must be true, false or null (the rollout decides), "
                 f"got {cfg.load_every_update!r}"
             )
-        for key, floor in (("max_lag", 0), ("max_in_flight_prompts", 1)):
+        for key, floor in (("max_lag", 0), ("max_in_flight_prompts", 1), ("max_untrained_prompts", 1)):
             value = getattr(cfg, key)
-            if value is None and key == "max_in_flight_prompts":
+            if value is None and key in ("max_in_flight_prompts", "max_untrained_prompts"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < floor:
                 raise PipelineConfigError(f"trainer.v1.{mode}.{key} must be a whole number >= {floor}, got {value!r}")

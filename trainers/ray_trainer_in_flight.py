@@ -24,8 +24,17 @@ the trainer back rather than being dropped (both counts are logged). With L = 0 
 only after the sync: the schedule, the prompts and (with the hf server's per-request seeds) the samples are
 verl's ``sync`` mode's.
 
+``trainer.v1.in_flight_pipeline.max_untrained_prompts`` caps the prompt groups submitted and not yet taken by the
+trainer (generating, scored or waiting), and the feeder refills each place as soon as a minibatch takes its groups:
+under a bound of 2 it keeps the sampler at a steady load whose staleness the cap sets (Little's law: the groups
+ahead of the trainer, over the groups it trains a step), instead of the batch-per-sync admission that the
+deadlines of a bound of 1 allow, and a trainer that falls behind stops the feeder rather than training ever staler
+groups. ``verl-pipe plan`` chooses it for a lag target. ``max_in_flight_prompts`` (default (L + 1) x
+``train_batch_size``, which the bound never lets fill) caps those generating.
+
 Per-step metrics under ``in_flight/``: token-weighted mean, max and min lag, the share of samples spanning more
-than one version, groups held back and dropped, the bound, and the minibatch loads sent and skipped.
+than one version, groups held back and dropped, the bound, the minibatch loads sent and skipped, and the most
+prompt groups generating, and untrained, at once since the last step beside their caps.
 """
 
 from __future__ import annotations
@@ -46,18 +55,26 @@ from verl_pipe.trainers.token_lag import sample_versions, token_lag_metrics
 
 
 def admissible_prompts(
-    batch: int, synced_version: int, max_lag: int, next_step: int, untrained: int, free_slots: int, left_in_run: int
+    batch: int,
+    synced_version: int,
+    max_lag: int,
+    next_step: int,
+    untrained: int,
+    free_slots: int,
+    left_in_run: int,
+    waiting_room: int | None = None,
 ) -> int:
     """How many prompts may start now, on weights v_``synced_version``, without breaking the lag bound.
 
     A prompt started now is due at step ``synced_version + 1 + max_lag``. Steps ``next_step`` .. due train
     ``batch`` groups each, earliest deadline first, and every group still untrained has a deadline no later than
-    this one: all of them and the new ones must fit there. The sampler's free slots and the run's remaining prompts
-    bound it too.
+    this one: all of them and the new ones must fit there. The sampler's free slots, the run's remaining prompts and
+    the room under ``max_untrained_prompts`` (``waiting_room``; None: no cap) bound it too.
     """
     due = synced_version + 1 + max_lag
     room = batch * max(0, due - next_step + 1) - untrained
-    return max(0, min(free_slots, room, left_in_run))
+    capped = left_in_run if waiting_room is None else min(left_in_run, waiting_room)
+    return max(0, min(free_slots, room, capped))
 
 
 class LagBoundError(RuntimeError):
@@ -107,6 +124,10 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         self.load_every_update = self._loads_every_update(config)
         self._update_loads = {"sent": 0, "skipped": 0}  # this step's minibatch loads (not the step's last)
         self._unsent_update: float | None = None  # the version of a minibatch update's weights not loaded yet
+        # the most prompt groups generating, and submitted and not yet trained, at once since the last step's
+        # metrics, as the feeder left them (both only rise when it submits, so its reading after a top-up is the peak)
+        self._generating_peak = 0
+        self._untrained_peak = 0
 
     def parameter_sync_step_for(self, config) -> int:
         # One optimizer step per minibatch of finished groups (pi_old frozen across them, as minibatch_pipeline
@@ -128,6 +149,13 @@ class InFlightPipelineTrainer(PipelinedTrainer):
                 f"trainer.v1.{self.MODE} loads weights between decode steps and tags each token with the version "
                 f"that sampled it, which the {name!r} rollout cannot do yet: set actor_rollout_ref.rollout.name=hf "
                 "or vllm"
+            )
+        cap, minibatch = self.pipeline_cfg.max_untrained_prompts, int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+        if cap is not None and cap < minibatch:
+            raise PipelineConfigError(
+                f"trainer.v1.{self.MODE}.max_untrained_prompts={cap} is below a minibatch "
+                f"(actor_rollout_ref.actor.ppo_mini_batch_size={minibatch}): the trainer would wait forever for a "
+                f"minibatch the feeder may not submit; set it to at least {minibatch}"
             )
         tau = self.pipeline_cfg.max_staleness
         if tau is not None and tau < self.pipeline_cfg.max_lag:
@@ -154,6 +182,7 @@ class InFlightPipelineTrainer(PipelinedTrainer):
 
     def _admissible(self, in_flight: int) -> int:
         """Prompts the feeder may submit now (lock held)."""
+        cap = self.pipeline_cfg.max_untrained_prompts
         return admissible_prompts(
             batch=int(self.config.data.train_batch_size),
             synced_version=self._synced_version,
@@ -166,7 +195,13 @@ class InFlightPipelineTrainer(PipelinedTrainer):
             # the run trains train_batch_size groups per step all the same
             left_in_run=int(self.config.data.train_batch_size) * self.total_training_steps
             - (self._submitted - self._dropped),
+            waiting_room=None if cap is None else cap - self._untrained_now(),
         )
+
+    def _untrained_now(self) -> int:
+        """Prompt groups submitted and not yet taken by a minibatch: generating, scored or in the buffer (lock
+        held). An evicted group frees its place."""
+        return self._submitted - self._taken - self._dropped
 
     def _top_up(self) -> None:
         items = (tq.kv_list("train") or {}).get("train", {})
@@ -175,6 +210,8 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         )
         with self._lock:
             count = self._admissible(in_flight)
+            self._generating_peak = max(self._generating_peak, in_flight + count)
+            self._untrained_peak = max(self._untrained_peak, self._untrained_now() + count)
             if count <= 0:
                 return
             deadline = self._synced_version + 1 + self.max_lag
@@ -320,4 +357,11 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         metrics["in_flight/update_loads_sent"] = float(self._update_loads["sent"])
         metrics["in_flight/update_loads_skipped"] = float(self._update_loads["skipped"])
         self._update_loads = {"sent": 0, "skipped": 0}
+        with self._lock:
+            metrics["in_flight/generating_max"] = float(self._generating_peak)
+            metrics["in_flight/max_in_flight_prompts"] = float(self.slots)
+            metrics["in_flight/untrained_max"] = float(self._untrained_peak)
+            if self.pipeline_cfg.max_untrained_prompts is not None:
+                metrics["in_flight/max_untrained_prompts"] = float(self.pipeline_cfg.max_untrained_prompts)
+            self._generating_peak = self._untrained_peak = 0
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)

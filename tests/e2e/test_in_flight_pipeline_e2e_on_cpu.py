@@ -11,6 +11,10 @@ seeds. What is checked, from each run's records (verl's metrics and its per-step
   run on CPU (two of its runs with the same seeds, measured: gradient norms 1.3e-4 apart at step 1 even with the
   batch in one fixed order), and Adam's first, sign-like step turns such bits into whole learning-rate steps on the
   weights whose gradient is near zero, so from step 2 on the sampler draws a different token now and then;
+* lag bound 2 with a steady load (``grpo_plus_run``, ``max_untrained_prompts`` 5 for a batch of 4): never more
+  than 5 groups submitted and not yet trained, and the cap reached, every token within the bound and none
+  negative, and the run trained the prompts of sync's run, each once (the control: the lag-1 run, whose
+  deadlines admit a batch per sync, had more than 5 untrained at once);
 * lag bound 1, the default (``learning_run``: the learning task's 6 steps, the one the learning test reads):
   every trained token lagged at most one version, some lagged exactly one (the sampler ran on while the trainer
   trained), none was dropped, and the same comparison with that config's sync run fails at step 2 (the control:
@@ -63,6 +67,33 @@ def test_lag_bound_zero_trains_on_policy_what_sync_trains(grpo_plus_run):
         assert differences_from_sync(run, sync, step, same_weights=step == 1) == [], f"step {step}"
         assert run.metrics[step]["in_flight/token_lag/max"] == 0
         assert run.metrics[step]["in_flight/dropped_groups"] == 0
+
+
+STEADY_CAP = 5  # prompt groups submitted and not yet trained, for a batch of 4
+
+
+def test_a_steady_load_holds_its_cap_and_trains_every_prompt_once(grpo_plus_run, learning_run):
+    sync = grpo_plus_run("sync")
+    run = grpo_plus_run("in_flight_pipeline", "+trainer.v1.in_flight_pipeline.max_lag=2",
+                        f"+trainer.v1.in_flight_pipeline.max_untrained_prompts={STEADY_CAP}",
+                        "+trainer.v1.in_flight_pipeline.load_every_update=true")  # fmt: skip
+    steps = sorted(run.metrics)
+    peaks = [run.metrics[step]["in_flight/untrained_max"] for step in steps]
+    assert all(run.metrics[step]["in_flight/max_untrained_prompts"] == STEADY_CAP for step in steps)
+    assert max(peaks) == STEADY_CAP, f"the cap was passed or never reached: {peaks}"
+    for step in steps:
+        assert len(run.trained[step]) == 4 * 2, step  # whole batches
+        assert run.metrics[step]["in_flight/dropped_groups"] == 0
+        assert 0 <= run.metrics[step]["in_flight/token_lag/min"] <= run.metrics[step]["in_flight/token_lag/max"] <= 2
+    assert any(run.metrics[step]["in_flight/token_lag/mean"] > 0 for step in steps[1:])  # it did run ahead
+    # nothing lost, nothing repeated: over the run, the prompts of sync's run (the dataloader's order), each once
+    trained = sorted(p for step in steps for p in {sample[0] for sample in run.trained[step]})
+    assert trained == sorted(p for step in steps for p in {sample[0] for sample in sync.trained[step]})
+    # the control: under the default bound of 1 and no cap, a batch is admitted per sync while the previous one is
+    # still untrained, which the same check sees above the cap
+    batch_per_sync = learning_run("in_flight_pipeline")
+    assert "in_flight/max_untrained_prompts" not in batch_per_sync.metrics[1]
+    assert max(data["in_flight/untrained_max"] for data in batch_per_sync.metrics.values()) > STEADY_CAP
 
 
 def test_lag_bound_one_runs_ahead_within_the_bound(learning_run):

@@ -41,8 +41,8 @@ def _compose(overrides):
 # --- the admission rule ----------------------------------------------------------------------------------------
 
 
-def _admit(synced, next_step, untrained, lag, batch=4, free=100, left=100):
-    return admissible_prompts(batch, synced, lag, next_step, untrained, free, left)
+def _admit(synced, next_step, untrained, lag, batch=4, free=100, left=100, waiting_room=None):
+    return admissible_prompts(batch, synced, lag, next_step, untrained, free, left, waiting_room)
 
 
 def test_lag_zero_admits_one_batch_per_sync_and_nothing_ahead_of_it():
@@ -60,6 +60,15 @@ def test_lag_one_runs_a_batch_ahead_and_the_slots_and_run_length_bound_it():
     assert _admit(synced=1, next_step=2, untrained=3, lag=1, free=2) == 2  # only free slots
     assert _admit(synced=1, next_step=2, untrained=3, lag=1, left=1) == 1  # the run's last prompt
     assert _admit(synced=0, next_step=3, untrained=0, lag=1) == 0  # never negative
+
+
+def test_a_cap_on_the_untrained_groups_admits_only_its_room():
+    """max_untrained_prompts: the feeder admits what the cap leaves, never more than the bound would, never below 0."""
+    assert _admit(synced=0, next_step=1, untrained=0, lag=2) == 12  # uncapped: three batches under a bound of 2
+    assert _admit(synced=0, next_step=1, untrained=0, lag=2, waiting_room=5) == 5
+    assert _admit(synced=1, next_step=2, untrained=3, lag=2, waiting_room=2) == 2
+    assert _admit(synced=0, next_step=2, untrained=3, lag=1, waiting_room=9) == 1  # the bound still binds first
+    assert _admit(synced=1, next_step=2, untrained=3, lag=2, waiting_room=-1) == 0  # over the cap: nothing
 
 
 def test_admitted_prompts_always_fit_before_their_deadlines():
@@ -327,3 +336,8 @@ def test_start_up_checks_name_the_key():
             _check([f"+trainer.v1.{MODE}.max_lag={bad}"])
     with pytest.raises(PipelineConfigError, match=f"trainer.v1.{MODE}.max_in_flight_prompts"):
         _check([f"+trainer.v1.{MODE}.max_in_flight_prompts=0"])
+    with pytest.raises(PipelineConfigError, match=f"trainer.v1.{MODE}.max_untrained_prompts"):
+        _check([f"+trainer.v1.{MODE}.max_untrained_prompts=0"])
+    _check([f"+trainer.v1.{MODE}.max_untrained_prompts=4"])  # a minibatch (ppo_mini_batch_size=4) is enough
+    with pytest.raises(PipelineConfigError, match=r"max_untrained_prompts=3 is below a minibatch.*at least 4"):
+        _check([f"+trainer.v1.{MODE}.max_untrained_prompts=3"])
