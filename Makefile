@@ -112,7 +112,8 @@ test-fast: install
 	$(BIN)/python -m pytest tests -m "not e2e" $(addprefix --ignore=,$(VLLM_TESTS)) $(PYTEST_ARGS)
 
 # Every trainer mode (verl's sync and separate_async, our three) on a modelled GPU cluster: equal GPUs, 5 paired
-# blocks with 95% intervals, the what-if model and its sensitivity table (42 min on 2 cores; docs/bench.md).
+# blocks with 95% intervals at token lag <= 1, the what-if model and its sensitivity table (about 105 min on 2 cores:
+# 97 without the table, ARGS="--no-sensitivity"; docs/bench.md).
 bench: $(call deps_for,$(BENCH_ROLLOUT))
 	$(call bin_for,$(BENCH_ROLLOUT))/verl-pipe bench pipeline --rollout $(BENCH_ROLLOUT) \
 	  --out runs/bench_pipeline.json $(ARGS)

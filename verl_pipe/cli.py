@@ -5,9 +5,9 @@ verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]   (or verl's own metrics lo
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
-verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 2] [--unit-s 3] [--prompts 8 --samples 4] [--rollout hf|vllm] [--lag-target 0.85] [--out report.json]
+verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 4] [--unit-s 6] [--prompts 8 --samples 4] [--rollout hf|vllm] [--lag-target 1|none] [--no-lag-match] [--out report.json]
 verl-pipe bench learn [--modes sync,in_flight_pipeline] [--baseline sync] [--seeds 0,1,2] [--steps 5] [--val-every 1] [--pipeline-report report.json] [--out-dir DIR]
-verl-pipe plan [--cluster deepcoder-14b] [--gpus 32] [--gpu h100] [--model 14b] [--tp 2] [--prompts 32] [--samples 8] [--max-len 16384] [--engine today|staged] [--lag-target 0.85]
+verl-pipe plan [--cluster deepcoder-14b] [--gpus 32] [--gpu h100] [--model 14b] [--tp 2] [--prompts 32] [--samples 8] [--max-len 16384] [--engine today|staged] [--lag-target 1|none]
 verl-pipe data prepare deepcoder --src DIR --out DIR [--test-store PATH] | data prepare deepscaler --src FILE --out DIR
 verl-pipe data curate --src DIR --out DIR [--workers N]
 verl-pipe recipes dry-run [--json] [--recipe NAME --stage N --stages L1,L2 --cluster-gpus G] -- OVERRIDES...
@@ -99,7 +99,17 @@ def _chaos(args: argparse.Namespace) -> int:
 
 
 def _bench_pipeline(args: argparse.Namespace) -> int:
-    from verl_pipe.bench.pipeline import BenchConfig, format_report, run_bench
+    from verl_pipe.bench.pipeline import BenchConfig, format_report, reread_runs, run_bench
+
+    if args.reread:
+        import json
+
+        try:
+            with open(args.reread, encoding="utf-8") as fh:
+                report = reread_runs(json.load(fh))
+        except (OSError, ValueError, KeyError) as error:
+            raise SetupError(f"--reread {args.reread}: cannot read that benchmark's runs again: {error}") from None
+        return _print_report(format_report(report), report, args.out)
 
     cfg = BenchConfig(
         profiles=tuple(args.profiles.split(",")),
@@ -107,6 +117,7 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         blocks=args.blocks,
         steps=args.steps,
         warmup_steps=args.warmup_steps,
+        cooldown_steps=args.cooldown_steps,
         unit_s=args.unit_s,
         prompts=args.prompts,
         samples=args.samples,
@@ -116,6 +127,7 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         rollout=args.rollout,
         sensitivity=args.sensitivity,
         lag_target=args.lag_target,
+        match_verl_lag=args.match_verl_lag,
     )
     report = run_bench(cfg)
     return _print_report(format_report(report), report, args.out)
@@ -164,8 +176,6 @@ def _plan(args: argparse.Namespace) -> int:
         named = clusters.NamedCluster(**{**named.__dict__, **shape, "name": "yours" if shape or work else named.name})
         engine = clusters.engine(args.engine)
         named.roofline().kv_token_capacity(staged=engine.staged)  # the weights must fit a replica, before any plan
-        if args.lag_target is not None and args.lag_target < 0:
-            raise SetupError(f"--lag-target must be >= 0 (a token lag in policy versions), got {args.lag_target}")
         plans = plan_modes(named, engine, seeds=args.seeds, max_token_lag=args.lag_target)
     except clusters.ClusterError as error:
         raise SetupError(str(error)) from None
@@ -216,7 +226,18 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lag_target(text: str):
+    from verl_pipe.bench.plan import lag_target_arg
+
+    try:
+        return lag_target_arg(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from verl_pipe.bench.plan import DEFAULT_LAG_TARGET  # (the planner's arithmetic only: no verl, no torch)
+
     parser = argparse.ArgumentParser(
         prog="verl-pipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -312,9 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="comma-separated: coding (DeepCoder-14B on 32 H100), math (DeepScaleR-1.5B on 8 H100)")
     pipe.add_argument("--schedules", help=f"comma-separated subset of {', '.join(PIPELINE_SCHEDULES)} (default: all)")
     pipe.add_argument("--blocks", type=int, default=5, help="paired blocks: every schedule once per block (seed)")
-    pipe.add_argument("--steps", type=int, default=2, help="measured steps per run, after the warm-up")
-    pipe.add_argument("--warmup-steps", dest="warmup_steps", type=int, default=2)
-    pipe.add_argument("--unit-s", dest="unit_s", type=float, default=3.0,
+    pipe.add_argument("--steps", type=int, default=4, help="measured steps per run, after the warm-up")
+    pipe.add_argument("--warmup-steps", dest="warmup_steps", type=int, default=3)
+    pipe.add_argument("--cooldown-steps", dest="cooldown_steps", type=int, default=2,
+                      help="steps run after the measured ones, not measured (a run's end drains a feeder)")
+    pipe.add_argument("--unit-s", dest="unit_s", type=float, default=6.0,
                       help="wall seconds of one verl sync step on the modelled cluster")
     pipe.add_argument("--prompts", type=int, help="the real batch's prompts per step, each request standing for "
                       "several of the cluster's (default: the profile's, " + shapes + ")")
@@ -322,14 +345,19 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--seed", type=int, default=0)
     pipe.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                       help="leave out the sensitivity table (what-if model, a few minutes)")
-    pipe.add_argument("--lag-target", dest="lag_target", type=float,
-                      help="plan every schedule at a token lag of at most this (default: each one's fastest setting)")
+    pipe.add_argument("--lag-target", dest="lag_target", type=_lag_target, default=DEFAULT_LAG_TARGET,
+                      help="plan every schedule at a token lag of at most this, in policy versions (default: "
+                      f"{DEFAULT_LAG_TARGET:g}; none: each one's fastest setting, however stale)")
+    pipe.add_argument("--no-lag-match", dest="match_verl_lag", action="store_false",
+                      help="plan verl-pipe's schedules at the lag target only, not also at verl separate_async's lag")
     pipe.add_argument("--out-dir", dest="out_dir", help="where the runs go (default: runs/bench-pipeline-<time>)")
     pipe.add_argument("--ray-address", dest="ray_address", help="join this Ray cluster instead of starting one")
     pipe.add_argument(
         "--rollout", choices=["hf", "vllm"], default="hf", help="rollout engine of every run (vllm: make install-vllm)"
     )
     pipe.add_argument("--out", help="also write the report as JSON")
+    pipe.add_argument("--reread", metavar="REPORT.json",
+                      help="run nothing: read a finished benchmark's runs again (its report's run folders), print it")
     pipe.set_defaults(func=_bench_pipeline)
 
     learn = bench_sub.add_parser(
@@ -381,8 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--reward-workers", dest="reward_workers", type=int, help="samples scored at once")
     planner.add_argument("--engine", default="today", help="today (a load pauses decoding) or staged (what-if)")
     planner.add_argument("--seeds", type=int, default=5, help="draws of response lengths each mode is priced on")
-    planner.add_argument("--lag-target", dest="lag_target", type=float,
-                         help="each mode's fastest setting at a token lag of at most this (default: its fastest)")
+    planner.add_argument("--lag-target", dest="lag_target", type=_lag_target, default=DEFAULT_LAG_TARGET,
+                         help="each mode's fastest setting at a token lag of at most this, in policy versions "
+                         f"(default: {DEFAULT_LAG_TARGET:g}; none: its fastest, however stale)")
     planner.set_defaults(func=_plan)
 
     recipes = sub.add_parser("recipes", help="compose and validate a recipe's overrides against verl's config (no GPU)")

@@ -277,14 +277,24 @@ def test_the_learning_runs_train_with_the_knobs_their_price_was_measured_with():
     from verl_pipe.bench.pipeline import knob_overrides
     from verl_pipe.bench.plan import Knobs
 
-    planned = Knobs(load_every_update=True, max_lag=2)
-    overrides = knob_overrides("in_flight_pipeline", Knobs(**asdict(planned)), minibatches=2)
+    planned = Knobs(load_every_update=True, max_lag=2, untrained_batches=1.375)
+    overrides = knob_overrides("in_flight_pipeline", Knobs(**asdict(planned)), minibatches=2, prompts=8)
     assert overrides == ["+trainer.v1.in_flight_pipeline.load_every_update=true",
-                         "+trainer.v1.in_flight_pipeline.max_lag=2"]  # fmt: skip
-    # separate_async syncing after every update trains each minibatch as a verl step: one update per verl step
-    assert "trainer.v1.separate_async.parameter_sync_step=1" in knob_overrides("separate_async", Knobs(sync_every=1), 2)
-    assert "trainer.v1.separate_async.parameter_sync_step=2" in knob_overrides("separate_async", Knobs(), 2)
-    assert knob_overrides("sync", Knobs(), 2) == []
+                         "+trainer.v1.in_flight_pipeline.max_lag=2",
+                         "+trainer.v1.in_flight_pipeline.max_untrained_prompts=11"]  # fmt: skip
+    # the cap is a share of the batch: a run of 16 prompts a step gets twice the groups
+    assert "+trainer.v1.in_flight_pipeline.max_untrained_prompts=22" in knob_overrides(
+        "in_flight_pipeline", planned, minibatches=2, prompts=16)
+    # without a cap, the bound's own (nothing passed)
+    assert not any("max_untrained" in o for o in knob_overrides("in_flight_pipeline", Knobs(), 2, prompts=8))
+    # separate_async syncing after every update trains each minibatch as a verl step: one update per verl step,
+    # and its warm-up counted in those (half) batches
+    every = knob_overrides("separate_async", Knobs(sync_every=1, warmup_batches=1.25), 2, prompts=8)
+    assert every == ["trainer.v1.separate_async.parameter_sync_step=1",
+                     "trainer.v1.separate_async.num_warmup_batches=2.5"]  # fmt: skip
+    assert knob_overrides("separate_async", Knobs(), 2, prompts=8) == [
+        "trainer.v1.separate_async.parameter_sync_step=2", "trainer.v1.separate_async.num_warmup_batches=1"]
+    assert knob_overrides("sync", Knobs(), 2, prompts=8) == []
 
 
 def test_a_bench_cut_short_keeps_its_runs_and_refuses_a_run_of_another_experiment(tmp_path):

@@ -60,3 +60,15 @@ def test_the_servers_first_weights_are_no_sync_and_a_trace_without_events_loses_
     assert admission_losses(_trace(tmp_path, records)) == []
     assert admission_losses(_trace(tmp_path, [_busy(0.0, 4.0, 0)])) == []
     assert admission_losses(str(tmp_path / "missing.jsonl")) == []
+
+
+def test_a_feeder_that_admits_at_the_trainers_takes_loses_nothing_at_a_load(tmp_path):
+    """in_flight_pipeline under max_untrained_prompts admits when a minibatch takes groups, not at a load: a pool that
+    idles after a load because every untrained group has generated is the schedule's own idle, which the model has
+    too. Counted as CPU latency it would be taken off that schedule's step (the control: read as if loads handed
+    the pool its work, the same trace loses 3 s)."""
+    records = [{"event": "admit", "at": 0.0}, _busy(0.0, 6.0, 0), _busy(0.0, 6.0, 1), {"event": "loaded", "at": 5.0},
+               {"start": 5.0, "end": 5.2, "kind": "stall"},
+               {"event": "admit", "at": 9.0}, _busy(9.0, 15.0, 0), _busy(9.0, 15.0, 1)]  # fmt: skip
+    assert admission_losses(_trace(tmp_path, records), loads_hand_work=False) == []
+    assert admission_losses(_trace(tmp_path, records)) == [(9.0, pytest.approx(3.0))]

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from verl_pipe.bench import cluster as clusters
 from verl_pipe.bench import sensitivity
-from verl_pipe.bench.plan import KNOB_OPTIONS, NO_ABORT_KNOBS, plan
+from verl_pipe.bench.plan import NO_ABORT_KNOBS, knob_grid, plan
 
 
 def test_the_no_abort_what_if_is_tuned_like_verls_mode_and_differs_only_in_the_abort():
-    real = KNOB_OPTIONS["separate_async"]
-    assert [k.sync_every for k in NO_ABORT_KNOBS] == [k.sync_every for k in real]
+    real = knob_grid("separate_async")
+    assert [(k.sync_every, k.warmup_batches) for k in NO_ABORT_KNOBS] == [(k.sync_every, k.warmup_batches) for k in real]
     assert all(k.abort_on_sync for k in real) and not any(k.abort_on_sync for k in NO_ABORT_KNOBS)
-    assert NO_ABORT_KNOBS[0].describe("separate_async") == "sync once a step, no abort (what-if)"
+    assert NO_ABORT_KNOBS[1].describe("separate_async") == "sync once a step, no abort (what-if)"
+    assert NO_ABORT_KNOBS[0].describe("separate_async") == "sync once a step, 0.75 batches ahead, no abort (what-if)"
 
 
 def test_the_table_prints_the_real_step_over_the_no_abort_one():
@@ -39,3 +40,27 @@ def test_a_row_prices_the_no_abort_bound_with_the_real_planner():
     assert not again.knobs.abort_on_sync
     assert row["step_s"][sensitivity.NO_ABORT] == again.step_s
     assert row["step_s"][sensitivity.NO_ABORT] != row["step_s"]["separate_async"]
+
+
+def test_a_row_holds_our_schedules_to_verls_lag_when_the_headline_does(monkeypatch):
+    """With match_verl_lag every verl-pipe schedule of a row is planned at no more than the lag verl's separate_async
+    was planned at (as the headline holds them); verl's own modes at the target. The control: without it, all at the
+    target."""
+    from verl_pipe.bench.plan import Plan
+
+    asked: dict[str, float] = {}
+
+    def fake_plan(named, engine, schedule, prompts, samples, max_token_lag=None, knob_options=None, **_):
+        if knob_options is None:
+            asked[schedule] = max_token_lag
+        layout = clusters.split(named, 4)
+        return Plan(schedule, layout, knob_options[0] if knob_options else None, 10.0, token_lag=0.8)
+
+    monkeypatch.setattr(sensitivity, "plan", fake_plan)
+    named = clusters.CLUSTERS["deepscaler-1.5b"]
+    sensitivity._row("as modelled", named, "today", 8, 8, lag_target=1.0, match_verl_lag=True)
+    assert asked["sync"] == asked["separate_async"] == 1.0
+    assert asked["in_flight_pipeline"] == asked["one_off_pipeline"] == asked["minibatch_pipeline"] == 0.8
+    asked.clear()
+    sensitivity._row("as modelled", named, "today", 8, 8, lag_target=1.0)
+    assert set(asked.values()) == {1.0}

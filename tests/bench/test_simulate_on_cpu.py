@@ -95,3 +95,63 @@ def test_a_scenario_refuses_what_its_schedule_cannot_run():
         replace(_scenario("sync"), schedule="colocate_async")
     with pytest.raises(ValueError, match="must split into 3 equal minibatches"):
         replace(_scenario("sync"), minibatches=3)
+
+
+MATH = clusters.CLUSTERS["deepscaler-1.5b"]
+
+
+def _steady(untrained_batches: float) -> Scenario:
+    """in_flight_pipeline on the math cluster's 4 + 4 split under a bound of 2, its untrained groups capped at a
+    share of the batch (0: no cap)."""
+    knobs = Knobs(load_every_update=True, max_lag=2, untrained_batches=untrained_batches)
+    return scenario(MATH, TODAY, "in_flight_pipeline", clusters.split(MATH, 4), knobs, PROMPTS, SAMPLES)
+
+
+def test_a_cap_on_the_untrained_groups_holds_and_is_kept_full():
+    """The feeder never lets more groups wait than the cap, and refills each place the trainer frees: the groups
+    generating or waiting reach the cap every minibatch. The control: without the cap the lag bound of 2 lets
+    three batches run."""
+    from verl_pipe.bench import simulate as model
+
+    def untrained_at_each_take(what_if: Scenario) -> list[int]:
+        seen, take = [], model._take
+
+        def take_and_count(world, count, candidates, order, may_take=lambda picked: True):
+            seen.append(len(candidates()))  # untrained, before this minibatch takes its groups
+            return take(world, count, candidates, order, may_take)
+
+        model._take = take_and_count
+        try:
+            simulate(what_if, steps=12, warmup_steps=3)
+        finally:
+            model._take = take
+        return seen
+
+    capped = _steady(1.25)
+    assert capped.max_untrained == 10
+    counts = untrained_at_each_take(capped)
+    assert max(counts) == 10 and min(counts[2:]) == 10, counts  # full at every minibatch after the first step
+    uncapped = untrained_at_each_take(_steady(0.0))
+    assert max(uncapped) > 10
+
+
+def test_the_cap_trades_staleness_for_speed():
+    """More groups ahead decode more tokens a second and train staler tokens; the lag bound holds."""
+    estimates = [simulate(_steady(share), steps=12, warmup_steps=3) for share in (1.0, 1.5, 2.0)]
+    steps, lags = [e.step_s for e in estimates], [e.token_lag for e in estimates]
+    assert steps == sorted(steps, reverse=True) and lags == sorted(lags), (steps, lags)
+    assert 0 < lags[0] and lags[-1] <= 2
+
+
+def test_verls_warm_up_batches_trade_staleness_for_speed():
+    """separate_async's num_warmup_batches: nothing ahead is on-policy and slow, more ahead is faster and staler."""
+
+    def ahead(batches: float):
+        knobs = Knobs(warmup_batches=batches)
+        return simulate(scenario(MATH, TODAY, "separate_async", clusters.split(MATH, 4), knobs, PROMPTS, SAMPLES),
+                        steps=12, warmup_steps=3)  # fmt: skip
+
+    none, one, more = ahead(0.0), ahead(1.0), ahead(1.5)
+    assert none.token_lag == pytest.approx(0.0, abs=1e-9)
+    assert none.token_lag < one.token_lag < more.token_lag
+    assert none.step_s > one.step_s > more.step_s

@@ -276,7 +276,8 @@ def train_run(cfg: LearnBenchConfig, mode: str, seed: int, knobs: dict[str, Any]
         out_dir=run_dir, ray_address=address, validate_at_start=validate_first,
         overrides=[f"trainer.test_freq={cfg.val_every * per_verl_step}",
                    f"trainer.validation_data_dir={validation_dir}",
-                   *knob_overrides(trainer_mode, planned, cfg.minibatches), *variant_overrides(mode)],
+                   *knob_overrides(trainer_mode, planned, cfg.minibatches, cfg.prompts_per_step),
+                   *variant_overrides(mode)],
     )  # fmt: skip
     run_dir, argv, env = prepare(qs)
     started = time.time()

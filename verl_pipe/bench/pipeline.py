@@ -38,7 +38,7 @@ from typing import Any, Optional
 from verl_pipe.backends.cpu.overrides import ROLLOUT_ENGINES
 from verl_pipe.bench import cluster as clusters
 from verl_pipe.bench.latency import worker_env_vars
-from verl_pipe.bench.plan import Knobs, Plan, expectation, plan
+from verl_pipe.bench.plan import DEFAULT_LAG_TARGET, Knobs, Plan, expectation, plan
 from verl_pipe.bench.sampler_trace import (
     SAMPLER_TRACE_ENV,
     admission_losses,
@@ -101,9 +101,18 @@ class BenchConfig:
     blocks: int = 5
     # measured steps after the warm-up ones (one-off's first step only samples; its second trains a batch
     # generated during the first, slow, update)
-    steps: int = 2
-    warmup_steps: int = 2
-    unit_s: float = 3.0  # wall seconds of one verl sync step on the profile's cluster (sets time_scale)
+    steps: int = 4
+    # a run's first step includes its start-up (seconds of wall time, minutes of cluster time), and the groups a
+    # sampler generated meanwhile train, staler than in the steady state, up to two steps later
+    warmup_steps: int = 3
+    # steps run after the measured ones and not measured: a run trains a fixed number of prompts, and a feeder
+    # that stops submitting when it has them all (in_flight_pipeline's) lets its sampler drain during the last
+    # steps, which verl's modes, submitting a batch every step, never do; every schedule runs them alike
+    cooldown_steps: int = 2
+    # wall seconds of one verl sync step on the profile's cluster (sets time_scale). At 3 the real CPU work the model
+    # does not price was up to 19% of a trainer-bound schedule's step (in_flight_pipeline under a cap), which the
+    # benchmark then takes off; at 6 it was at most 5.4% of any schedule's (the run of 2026-12-01).
+    unit_s: float = 6.0
     # The real batch of every profile's runs; None: each profile's own (Profile.prompts, Profile.samples).
     prompts: Optional[int] = None
     samples: Optional[int] = None
@@ -119,7 +128,10 @@ class BenchConfig:
     sensitivity: bool = True
     # Plan every schedule at a token lag of at most this (its fastest setting within it), so that a faster schedule
     # is faster at equal or lower token lag; None: each schedule's fastest setting, whatever its lag.
-    lag_target: Optional[float] = None
+    lag_target: Optional[float] = DEFAULT_LAG_TARGET
+    # Hold every verl-pipe schedule to the token lag verl's tuned separate_async is expected at (when that is below
+    # the target): "at equal or lower token lag" against verl's best asynchronous setting, not only the target's.
+    match_verl_lag: bool = True
 
     def selected(self) -> tuple[str, ...]:
         return self.schedules or tuple(SCHEDULES)
@@ -143,6 +155,8 @@ class BenchConfig:
                              "(--lag-target)")  # fmt: skip
         if self.steps < 1 or self.warmup_steps < 1 or self.blocks < 1:
             raise ValueError("steps, warmup_steps and blocks must be >= 1 (the first step of one-off only samples)")
+        if self.cooldown_steps < 0:
+            raise ValueError(f"cooldown_steps must be >= 0, got {self.cooldown_steps} (--cooldown-steps)")
         if self.samples is not None and self.samples < 2:
             raise ValueError(f"samples must be >= 2 (GRPO groups), got {self.samples} (--samples)")
         if self.rollout not in ROLLOUT_ENGINES:
@@ -187,7 +201,7 @@ def schedule_overrides(schedule: Schedule, knobs: Knobs, cfg: BenchConfig, minib
         trainer="v1",
         mode=schedule.trainer_mode,
         algorithm="grpo_plus",
-        steps=(cfg.warmup_steps + cfg.steps) * per_verl_step,
+        steps=(cfg.warmup_steps + cfg.steps + cfg.cooldown_steps) * per_verl_step,
         prompts_per_step=batch,
         samples_per_prompt=cfg.samples,
         max_response_length=16,  # real tokens are only a carrier: the model sets the modelled lengths
@@ -218,21 +232,27 @@ def schedule_overrides(schedule: Schedule, knobs: Knobs, cfg: BenchConfig, minib
         "data.filter_overlong_prompts=False",
         "data.truncation=left",
     ]
-    return overrides + knob_overrides(schedule.trainer_mode, knobs, minibatches)
+    return overrides + knob_overrides(schedule.trainer_mode, knobs, minibatches, cfg.prompts)
 
 
-def knob_overrides(trainer_mode: str, knobs: Knobs, minibatches: int) -> list[str]:
-    """The hydra overrides that give a trainer mode the planner's knobs (the learning bench trains with them too)."""
+def knob_overrides(trainer_mode: str, knobs: Knobs, minibatches: int, prompts: int) -> list[str]:
+    """The hydra overrides that give a trainer mode the planner's knobs (the learning bench trains with them too),
+    for a run of ``prompts`` prompt groups per step."""
     if trainer_mode == "separate_async":
         per_verl_step = verl_steps_per_step(trainer_mode, knobs, minibatches)
+        # verl counts its warm-up in its own batches (a minibatch each when it syncs every update) and submits
+        # whole prompts of it (its async modes fetch one prompt at a time)
+        ahead = knobs.warmup_prompts(prompts) / (prompts // per_verl_step)
         return [
             f"trainer.v1.separate_async.parameter_sync_step={minibatches // per_verl_step}",
-            f"trainer.v1.separate_async.num_warmup_batches={per_verl_step}",  # one benchmark batch ahead
+            f"trainer.v1.separate_async.num_warmup_batches={ahead:g}",
         ]
     if trainer_mode == "in_flight_pipeline":
+        cap = knobs.max_untrained_prompts(prompts)
         return [
             f"+trainer.v1.in_flight_pipeline.load_every_update={str(knobs.load_every_update).lower()}",
             f"+trainer.v1.in_flight_pipeline.max_lag={knobs.max_lag}",
+            *([f"+trainer.v1.in_flight_pipeline.max_untrained_prompts={cap}"] if cap else []),
         ]
     return []
 
@@ -310,16 +330,24 @@ def priced_period(period: float, wait: float, phases: float, colocated: bool,
 
 
 def summarize_run(name: str, profile: str, block: int, seed: int, chosen: Plan, time_scale: float, per_verl_step: int,
-                  steps: list[dict], warmup_steps: int, log: str) -> RunResult:  # fmt: skip
-    """One run's step times (benchmark steps of ``per_verl_step`` verl steps) from verl's per-step records."""
+                  steps: list[dict], warmup_steps: int, log: str,
+                  measured_steps: Optional[int] = None) -> RunResult:  # fmt: skip
+    """One run's step times (benchmark steps of ``per_verl_step`` verl steps) from verl's per-step records: the
+    ``measured_steps`` after the warm-up ones (None: every one after them; the cool-down steps are left out)."""
     records = [s["data"] for s in sorted(steps, key=lambda s: s["step"]) if "bench/step_end_ts" in s["data"]]
     stamps = [float(r["bench/step_end_ts"]) for r in records][per_verl_step - 1 :: per_verl_step]
+    if measured_steps is not None:
+        stamps = stamps[: warmup_steps + measured_steps]
+        records = records[: (warmup_steps + measured_steps) * per_verl_step]
     periods = [b - a for a, b in zip(stamps[warmup_steps - 1 :], stamps[warmup_steps:])]
     measured = records[warmup_steps * per_verl_step :]
     if not periods:
         raise RuntimeError(f"{name}/{profile}: no measured steps (see {log})")
     trace = sampler_trace_path(os.path.dirname(log)) if log else ""
-    sampler_lost = losses_by_period(admission_losses(trace), stamps[warmup_steps - 1 :]) if trace else []
+    # a feeder capped on untrained groups admits when the trainer takes some, not at a load (sampler_trace)
+    loads_hand_work = not chosen.knobs.untrained_batches
+    sampler_lost = (losses_by_period(admission_losses(trace, loads_hand_work), stamps[warmup_steps - 1 :])
+                    if trace else [])  # fmt: skip
     priced, unpriced = [], []
     for index, period in enumerate(periods):
         parts = _step_parts(measured[index * per_verl_step : (index + 1) * per_verl_step])
@@ -344,11 +372,13 @@ def summarize_run(name: str, profile: str, block: int, seed: int, chosen: Plan, 
         wall_step_s=wall,
         unpriced_s=statistics.mean(unpriced),
         subtracted_s=wall - statistics.mean(priced),
-        token_lag_mean=_mean(measured, "bench/token_lag/mean"),
-        token_lag_max=max((float(r.get("bench/token_lag/max", 0.0)) for r in measured), default=0.0),
+        # in versions of a benchmark step: separate_async syncing after every update counts a version per verl step,
+        # a minibatch, as in_flight_pipeline's loads after every update count half a version each
+        token_lag_mean=_mean(measured, "bench/token_lag/mean") / per_verl_step,
+        token_lag_max=max((float(r.get("bench/token_lag/max", 0.0)) for r in measured), default=0.0) / per_verl_step,
         sampler_busy=sampler_busy,
         trainer_busy=min(1.0, per_verl_step * _mean(measured, "bench/train_modelled_wall_s") / wall),
-        staleness_mean=_mean(measured, "training/off_policy/trajectory_staleness/mean"),
+        staleness_mean=_mean(measured, "training/off_policy/trajectory_staleness/mean") / per_verl_step,
         dropped_groups=_mean(measured, "in_flight/dropped_groups"),
         log=log,
     )
@@ -455,15 +485,27 @@ class ProfilePlan:
     what_if: dict[str, dict] = field(default_factory=dict)  # schedule -> simulate.Summary as a dict
 
 
+def lag_bound_for(schedule_name: str, cfg: BenchConfig, prepared: "ProfilePlan") -> Optional[float]:
+    """The token lag a schedule is planned at: the target, and for ours with ``match_verl_lag`` no more than verl's
+    separate_async is expected at (when it is planned in this run)."""
+    verl_lag = prepared.what_if.get("verl_separate_async", {}).get("token_lag")
+    if schedule_name in BASELINES or not cfg.match_verl_lag or verl_lag is None:
+        return cfg.lag_target
+    return verl_lag if cfg.lag_target is None else min(cfg.lag_target, verl_lag)
+
+
 def prepare_profile(name: str, cfg: BenchConfig, progress=print) -> ProfilePlan:
     """The profile's plans (layout and knobs per schedule) and their what-if expectations."""
     cfg = cfg.for_profile(name)
     named = clusters.cluster(PROFILES[name].cluster)
     engine = clusters.engine(cfg.engine)
     prepared = ProfilePlan(profile=name, cluster=named.name, time_scale=1.0)
-    for schedule_name in cfg.selected():
+    # verl's modes first: with match_verl_lag, ours are held to the lag verl's separate_async is expected at
+    order = sorted(cfg.selected(), key=lambda schedule_name: schedule_name not in BASELINES)
+    for schedule_name in order:
         schedule = SCHEDULES[schedule_name]
-        chosen = plan(named, engine, schedule.trainer_mode, cfg.prompts, cfg.samples, max_token_lag=cfg.lag_target)
+        chosen = plan(named, engine, schedule.trainer_mode, cfg.prompts, cfg.samples,
+                      max_token_lag=lag_bound_for(schedule_name, cfg, prepared))  # fmt: skip
         prepared.plans[schedule_name] = chosen
         prepared.what_if[schedule_name] = asdict(
             expectation(named, engine, chosen, cfg.prompts, cfg.samples, seeds=cfg.what_if_seeds)
@@ -471,6 +513,8 @@ def prepare_profile(name: str, cfg: BenchConfig, progress=print) -> ProfilePlan:
         progress(f"{name:7s} {schedule_name:22s} planned: {chosen.layout.describe()}"
                  f"{', ' + chosen.knobs.describe(chosen.schedule) if chosen.knobs.describe(chosen.schedule) else ''}; "
                  f"what-if {prepared.what_if[schedule_name]['step_s']:.1f} s/step")  # fmt: skip
+    prepared.plans = {schedule_name: prepared.plans[schedule_name] for schedule_name in cfg.selected()}
+    prepared.what_if = {schedule_name: prepared.what_if[schedule_name] for schedule_name in cfg.selected()}
     check_equal_gpus(prepared.plans, named)
     sync_plan = prepared.plans.get("verl_sync") or plan(named, engine, "sync", cfg.prompts, cfg.samples)
     prepared.time_scale = cfg.unit_s / sync_plan.step_s
@@ -521,7 +565,7 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
                     if rc != 0:
                         raise RuntimeError(f"block {block} {profile_name}/{schedule_name} failed (exit {rc}); see {log}")
                     result = summarize_run(schedule_name, profile_name, block, seed, chosen, profile.time_scale,
-                                           per_verl_step, steps, cfg.warmup_steps, log)  # fmt: skip
+                                           per_verl_step, steps, cfg.warmup_steps, log, cfg.steps)  # fmt: skip
                     results.append(result)
                     progress(
                         f"block {block} {profile_name:7s} {schedule_name:22s} step {result.step_s:7.1f} s "
@@ -535,7 +579,7 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
                    **dict(zip(("prompts", "samples"), cfg.for_profile(name).batch)),
                    "plans": {s: {"layout": c.layout.describe(), "gpus": c.layout.gpus,
                                  "knobs": c.knobs.describe(c.schedule), "knob_values": asdict(c.knobs),
-                                 "meets_lag_target": c.meets_lag_target}
+                                 "meets_lag_target": c.meets_lag_target, "lag_bound": lag_bound_for(s, cfg, p)}
                              for s, c in p.plans.items()},
                    "sources": clusters.cluster(p.cluster).roofline().sources()}
             for name, p in prepared.items()
@@ -547,7 +591,9 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
         from verl_pipe.bench.sensitivity import sensitivity_table
 
         report["sensitivity"] = {
-            name: sensitivity_table(PROFILES[name].cluster, *cfg.for_profile(name).batch) for name in cfg.profiles
+            name: sensitivity_table(PROFILES[name].cluster, *cfg.for_profile(name).batch, lag_target=cfg.lag_target,
+                                    match_verl_lag=cfg.match_verl_lag)
+            for name in cfg.profiles
         }
     from verl_pipe.bench.schedule_lanes import schedule_panels
     from verl_pipe.plot import plot_schedules
@@ -558,8 +604,47 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
     return report
 
 
+def plan_of(meta: dict[str, Any], schedule_name: str) -> Plan:
+    """A report's plan of a schedule, as the run that made it chose it (layout and knobs)."""
+    named = clusters.cluster(meta["cluster"])
+    saved = meta["plans"][schedule_name]
+    layout = (clusters.colocated(named) if "colocated" in saved["layout"]
+              else clusters.split(named, int(saved["layout"].split()[0])))  # fmt: skip
+    return Plan(SCHEDULES[schedule_name].trainer_mode, layout, Knobs(**saved.get("knob_values", {})),
+                meta["what_if"][schedule_name]["step_s"], meets_lag_target=saved.get("meets_lag_target", True))
+
+
+def reread_runs(report: dict[str, Any]) -> dict[str, Any]:
+    """The report with every run summarized again from the records its runs left (``verl_metrics.jsonl`` and the
+    sampler trace beside each run's log), by this version of the benchmark's reading: a change in how runs are read
+    applies to measurements already made, without running them again. The plans and what-ifs stay the report's."""
+    from verl_pipe.local_jobs import read_steps
+
+    cfg = report["config"]
+    results = []
+    for run in report["runs"]:
+        meta = report["profiles"][run["profile"]]
+        chosen = plan_of(meta, run["schedule"])
+        minibatches = clusters.cluster(meta["cluster"]).workload.minibatches
+        per_verl_step = verl_steps_per_step(chosen.schedule, chosen.knobs, minibatches)
+        steps = read_steps(os.path.dirname(run["log"]))
+        if not steps:
+            raise ValueError(f"{run['log']}: the run's records (verl_metrics.jsonl beside it) are gone")
+        results.append(summarize_run(run["schedule"], run["profile"], run["block"], run["seed"], chosen,
+                                     run["time_scale"], per_verl_step, steps, cfg["warmup_steps"], run["log"],
+                                     cfg.get("steps")))  # fmt: skip
+    return report | {
+        "runs": [asdict(r) | {"gpu_seconds": r.gpu_seconds, "subtracted_share": r.subtracted_share} for r in results],
+        "comparison": compare(results),
+    }
+
+
 # A what-if ratio within this of 1 is parity: a measured difference the model does not predict is not claimed.
 WHAT_IF_PARITY = 0.02
+# A faster schedule is faster at equal or lower token lag than an asynchronous baseline only if its measured lag is
+# at most the baseline's plus this (the lags are means of a few steps' tags). Against verl's on-policy sync the
+# lags are printed, and every asynchronous schedule trades staleness for speed by design.
+LAG_PARITY = 0.01
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -569,6 +654,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"engine: {report['config']['engine']} ({clusters.engine(report['config']['engine']).summary}); "
              f"{report['config']['blocks']} paired blocks; step times in the modelled cluster's seconds"
              + ("" if lag_target is None else f"; every schedule planned at token lag <= {lag_target:g}")]  # fmt: skip
+    if report["config"].get("match_verl_lag"):
+        lines.append("verl-pipe's schedules held to the token lag verl's separate_async is planned at, where lower")
     runs = report["runs"]
     for profile, comparison in report["comparison"].items():
         meta = report["profiles"][profile]
@@ -576,7 +663,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", f"profile {profile}: {named.recipe}, {named.gpus} x {named.gpu}"]
         lines += [f"  {name:28s} {value:55s} {source}" for name, value, source in meta["sources"]]
         header = (f"  {'schedule':22s} {'layout (GPUs)':24s} {'step s':>7s} {'what-if':>8s} {'vs verl_sync':>20s} "
-                  f"{'vs separate_async':>20s} {'tok lag':>7s} {'smp busy':>8s} {'trn busy':>8s} {'GPU-s':>7s} "
+                  f"{'vs separate_async':>20s} {'tok lag':>7s} {'what-if':>7s} {'smp busy':>8s} {'trn busy':>8s} {'GPU-s':>7s} "
                   f"{'CPU sub':>8s}  knobs")  # fmt: skip
         lines += ["", header]
         for name, row in comparison.items():
@@ -592,6 +679,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(
                 f"  {name:22s} {plan_meta['layout']:24s} {row['step_s']:7.1f} {meta['what_if'][name]['step_s']:8.1f} "
                 f"{cells[0]:>20s} {cells[1]:>20s} {statistics.mean(r['token_lag_mean'] for r in own):7.2f} "
+                f"{meta['what_if'][name].get('token_lag', float('nan')):7.2f} "
                 f"{(statistics.mean(busy) if busy else float('nan')):8.0%} "
                 f"{statistics.mean(r['trainer_busy'] for r in own):8.0%} "
                 f"{statistics.mean(r['gpu_seconds'] for r in own):7.0f} "
@@ -604,12 +692,17 @@ def format_report(report: dict[str, Any]) -> str:
         for name, base, ratio in claims:
             if name not in BASELINES and ratio["faster"] is not None:
                 verdict = "faster than" if ratio["faster"] else "slower than"
-                line = f"  {name} is {verdict} {base} (interval {ratio['low']:.2f}-{ratio['high']:.2f}x)"
+                lags = {n: statistics.mean(r["token_lag_mean"] for r in runs if r["profile"] == profile
+                                           and r["schedule"] == n) for n in (name, base)}  # fmt: skip
+                line = (f"  {name} is {verdict} {base} (interval {ratio['low']:.2f}-{ratio['high']:.2f}x; token lag "
+                        f"{lags[name]:.2f} against {lags[base]:.2f})")  # fmt: skip
                 expected = meta["what_if"][base]["step_s"] / meta["what_if"][name]["step_s"]
                 if not (expected > 1 + WHAT_IF_PARITY if ratio["faster"] else expected < 1 - WHAT_IF_PARITY):
                     # the CPU's unpriced work does not hit every schedule alike: a measured edge the model
                     # does not predict is no claim about the cluster
                     line += f"; the what-if model expects {expected:.2f}x: not a claim about the cluster"
+                elif ratio["faster"] and lags[base] > 0 and lags[name] > lags[base] + LAG_PARITY:
+                    line += "; at a higher token lag: not a claim at equal lag"
                 lines.append(line)
     if report.get("sensitivity"):
         from verl_pipe.bench.sensitivity import format_sensitivity

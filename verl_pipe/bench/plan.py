@@ -2,9 +2,12 @@
 
 For every mode (verl's ``sync`` and ``separate_async`` as well as ours) the planner prices each split of the
 cluster's GPUs and each setting of the mode's own knobs with the what-if model (:mod:`.simulate`) over a few
-seeds, and keeps the fastest. verl's modes are tuned the same way ours are: ``separate_async`` may sync once a
-step or after every minibatch update (``parameter_sync_step``), as ``in_flight_pipeline`` may load once a step or
-after every update.
+seeds, and keeps the fastest. verl's modes are tuned the same way ours are, each on its own knobs of staleness
+and cadence: ``separate_async`` may sync once a step or after every minibatch update (``parameter_sync_step``),
+with a share of a batch to a batch and a half submitted ahead (``num_warmup_batches``); ``in_flight_pipeline``
+may load once a step or after every update, under its lag bound of 1, or under a bound of 2 with one to two and a
+quarter batches submitted and not yet trained (``max_untrained_prompts``). With a lag target the planner keeps each mode's
+fastest setting within it, so staleness is traded for speed by every mode alike.
 """
 
 from __future__ import annotations
@@ -20,25 +23,56 @@ from verl_pipe.bench.simulate import Scenario, Summary, over_seeds, simulate
 @dataclass(frozen=True)
 class Knobs:
     sync_every: int = 0  # separate_async: minibatch updates per sync (0: once a step)
+    warmup_batches: float = 1.0  # separate_async: batches submitted ahead (num_warmup_batches)
     load_every_update: bool = False  # in_flight_pipeline: a load after every minibatch update
     max_lag: int = 1  # in_flight_pipeline's lag bound
+    # in_flight_pipeline: prompt groups submitted and not yet trained, in batches (max_untrained_prompts = this x
+    # train_batch_size); 0: only the lag bound limits them
+    untrained_batches: float = 0.0
     abort_on_sync: bool = True  # separate_async; False only in the what-if of its sync without the abort
 
     def describe(self, schedule: str) -> str:
         if schedule == "separate_async":
             cadence = "sync every update" if self.sync_every == 1 else "sync once a step"
+            if self.warmup_batches != 1.0:
+                cadence += f", {self.warmup_batches:g} batches ahead"
             return cadence if self.abort_on_sync else cadence + ", no abort (what-if)"
         if schedule == "in_flight_pipeline":
-            return f"lag {self.max_lag}, " + ("a load every update" if self.load_every_update else "a load a step")
+            loads = "a load every update" if self.load_every_update else "a load a step"
+            cap = f", {self.untrained_batches:g} batches untrained" if self.untrained_batches else ""
+            return f"lag {self.max_lag}, {loads}{cap}"
         return ""
 
+    def max_untrained_prompts(self, train_batch_size: int) -> int:
+        """in_flight_pipeline's cap on prompt groups submitted and not yet trained, for this batch (0: none)."""
+        return max(1, round(self.untrained_batches * train_batch_size)) if self.untrained_batches else 0
 
-KNOB_OPTIONS = {
-    "separate_async": (Knobs(sync_every=0), Knobs(sync_every=1)),
-    "in_flight_pipeline": (Knobs(load_every_update=False), Knobs(load_every_update=True)),
-}
+    def warmup_prompts(self, train_batch_size: int) -> int:
+        """The prompt groups separate_async submits ahead of its first batch (verl rounds down to whole prompts)."""
+        return int(self.warmup_batches * train_batch_size + 1e-9)
+
+
+# separate_async's batches ahead and in_flight_pipeline's groups not yet trained, in batches: the planner's grid of
+# each mode's staleness (in eighths of a batch, the benchmark's prompts per step). A separate_async step starts
+# with its batch and its warm-up untrained, 1 + warmup_batches; the grids span the same range of that.
+WARMUP_BATCHES = (0.75, 1.0, 1.25, 1.5)
+UNTRAINED_BATCHES = tuple(eighths / 8 for eighths in range(8, 19))
+
+
+def knob_grid(schedule: str) -> tuple[Knobs, ...]:
+    """Every setting of a mode's own knobs the planner prices."""
+    if schedule == "separate_async":
+        return tuple(Knobs(sync_every=every, warmup_batches=ahead) for every in (0, 1) for ahead in WARMUP_BATCHES)
+    if schedule == "in_flight_pipeline":
+        # lag bound 1 (its deadlines admit a batch per sync), or a bound of 2 with a cap on the untrained groups
+        bounded = tuple(Knobs(load_every_update=every) for every in (False, True))
+        return bounded + tuple(Knobs(load_every_update=True, max_lag=2, untrained_batches=share)
+                               for share in UNTRAINED_BATCHES)  # fmt: skip
+    return (Knobs(),)
+
+
 # verl's separate_async with each sync an in-flight load: a what-if bound, tuned like the real one.
-NO_ABORT_KNOBS = tuple(replace(knobs, abort_on_sync=False) for knobs in KNOB_OPTIONS["separate_async"])
+NO_ABORT_KNOBS = tuple(replace(knobs, abort_on_sync=False) for knobs in knob_grid("separate_async"))
 
 
 @dataclass(frozen=True)
@@ -58,13 +92,35 @@ def scenario(cluster: NamedCluster, engine: Engine, schedule: str, layout: Layou
     model = latency_model(cluster, layout, engine, prompts * samples)
     return Scenario(schedule, model, prompts=prompts, samples=samples, minibatches=cluster.workload.minibatches,
                     sync_every=knobs.sync_every, max_lag=knobs.max_lag, load_every_update=knobs.load_every_update,
-                    abort_on_sync=knobs.abort_on_sync)
+                    max_untrained=knobs.max_untrained_prompts(prompts),
+                    warmup_batches=knobs.warmup_prompts(prompts) / prompts, abort_on_sync=knobs.abort_on_sync)
 
 
 def layouts(cluster: NamedCluster, schedule: str) -> list[Layout]:
     if schedule == "sync":
         return [colocated(cluster)]
     return [split(cluster, sampler) for sampler, _ in cluster.splits()]
+
+
+# The token lag every mode is planned at unless told otherwise: one policy version, what one-step off-policy
+# training (verl's one_step_off_policy, our one_off_pipeline) trains at. Each mode has a knob that trades staleness
+# for speed (batches ahead, groups generating at once), so "each mode's fastest setting" without a bound would be
+# its stalest one; a bound makes a faster mode faster at equal or lower token lag.
+DEFAULT_LAG_TARGET = 1.0
+
+
+def lag_target_arg(text: str) -> Optional[float]:
+    """``--lag-target``'s value: a token lag in policy versions (>= 0), or ``none`` for each mode's fastest setting
+    whatever its staleness."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"--lag-target takes a token lag in policy versions (>= 0) or 'none', got {text!r}")
+    return value
 
 
 FINALISTS = 3  # candidates the first, one-seed pass keeps for the full comparison
@@ -77,7 +133,7 @@ def plan(cluster: NamedCluster, engine: Engine, schedule: str, prompts: int, sam
          max_token_lag: Optional[float] = None) -> Plan:  # fmt: skip
     """The fastest layout and knobs of ``schedule`` on the cluster, by the what-if model's mean over ``seeds``: every
     candidate on one seed first, then the fastest few on all of them. ``knob_options``: the settings to try
-    (default: the schedule's own, ``KNOB_OPTIONS``). ``max_token_lag``: only settings whose token lag is at most
+    (default: the schedule's own, :func:`knob_grid`). ``max_token_lag``: only settings whose token lag is at most
     this count, so that schedules compared on it are compared at equal or lower token lag (a faster setting that
     trains on staler tokens is not a faster schedule); when none reaches it, the least-lagged setting, marked."""
 
@@ -94,12 +150,18 @@ def plan(cluster: NamedCluster, engine: Engine, schedule: str, prompts: int, sam
         return within or sorted(plans, key=lambda p: (p.token_lag, p.step_s))
 
     candidates = [(layout, knobs) for layout in layouts(cluster, schedule)
-                  for knobs in knob_options or KNOB_OPTIONS.get(schedule, (Knobs(),))]  # fmt: skip
-    if len(candidates) > FINALISTS:
-        shortlist = best([priced(layout, knobs, seed_count=1, slack=SHORTLIST_LAG_SLACK)
-                          for layout, knobs in candidates])[:FINALISTS]  # fmt: skip
-        candidates = [(p.layout, p.knobs) for p in shortlist]
-    return best([priced(layout, knobs, seeds) for layout, knobs in candidates])[0]
+                  for knobs in knob_options or knob_grid(schedule)]  # fmt: skip
+    if len(candidates) <= FINALISTS:
+        return best([priced(layout, knobs, seeds) for layout, knobs in candidates])[0]
+    # one seed each; then the fastest few on every seed, and the next few while none of those is within the target
+    # on every seed (one seed's lag is noisy: a setting just inside the target on it may be just outside)
+    ranked = best([priced(layout, knobs, seed_count=1, slack=SHORTLIST_LAG_SLACK) for layout, knobs in candidates])
+    finals: list[Plan] = []
+    for start in range(0, len(ranked), FINALISTS):
+        finals += [priced(p.layout, p.knobs, seeds) for p in ranked[start : start + FINALISTS]]
+        if max_token_lag is None or any(p.meets_lag_target for p in finals):
+            break
+    return best(finals)[0]
 
 
 def expectation(cluster: NamedCluster, engine: Engine, chosen: Plan, prompts: int, samples: int,
@@ -135,7 +197,7 @@ class ModePlan:
 
 
 def plan_modes(cluster: NamedCluster, engine: Engine, seeds: int = 5,
-               max_token_lag: Optional[float] = None) -> dict[str, ModePlan]:  # fmt: skip
+               max_token_lag: Optional[float] = DEFAULT_LAG_TARGET) -> dict[str, ModePlan]:  # fmt: skip
     prompts, samples = simulated_batch(cluster)
     plans = {}
     for mode in MODES:
@@ -150,8 +212,9 @@ def pool_overrides(gpus: int, gpus_per_node: int, prefix: str) -> list[str]:
     return [f"{prefix}.nnodes={nodes}", f"{prefix}.n_gpus_per_node={per_node}"]
 
 
-def hydra_overrides(mode: str, chosen: Plan, gpus_per_node: int) -> list[str]:
-    """What to add to a verl command line to run ``mode`` the way the plan prices it."""
+def hydra_overrides(mode: str, chosen: Plan, gpus_per_node: int, prompts: int, minibatches: int) -> list[str]:
+    """What to add to a verl command line to run ``mode`` the way the plan prices it, on the cluster's batch of
+    ``prompts`` prompt groups in ``minibatches`` updates a step."""
     layout, knobs = chosen.layout, chosen.knobs
     if layout.colocated:
         return ["trainer.v1.trainer_mode=sync", "actor_rollout_ref.hybrid_engine=True",
@@ -159,14 +222,21 @@ def hydra_overrides(mode: str, chosen: Plan, gpus_per_node: int) -> list[str]:
     pools = [*pool_overrides(layout.trainer_gpus, gpus_per_node, "trainer"),
              *pool_overrides(layout.sampler_gpus, gpus_per_node, "actor_rollout_ref.rollout")]  # fmt: skip
     if mode == "separate_async":
-        cadence = "1" if knobs.sync_every == 1 else "<train_batch_size / ppo_mini_batch_size>"
+        # a sync after every update makes each minibatch a verl step (train_batch_size = ppo_mini_batch_size), and
+        # verl counts its warm-up in those batches
+        every_update = knobs.sync_every == 1
+        cadence = "1" if every_update else f"{minibatches}"
+        ahead = knobs.warmup_prompts(prompts) / (prompts // minibatches if every_update else prompts)
         return ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.hybrid_engine=False",
                 "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
-                f"trainer.v1.separate_async.parameter_sync_step={cadence}", *pools]  # fmt: skip
+                f"trainer.v1.separate_async.parameter_sync_step={cadence}",
+                f"trainer.v1.separate_async.num_warmup_batches={ahead:g}", *pools]  # fmt: skip
     extra = []
     if mode == "in_flight_pipeline":
+        cap = knobs.max_untrained_prompts(prompts)
         extra = [f"+trainer.v1.in_flight_pipeline.load_every_update={str(knobs.load_every_update).lower()}",
-                 f"+trainer.v1.in_flight_pipeline.max_lag={knobs.max_lag}"]  # fmt: skip
+                 f"+trainer.v1.in_flight_pipeline.max_lag={knobs.max_lag}",
+                 *([f"+trainer.v1.in_flight_pipeline.max_untrained_prompts={cap}"] if cap else [])]  # fmt: skip
     return ["'hydra.searchpath=[pkg://verl_pipe.config]'", f"+verl_pipe_trainer={mode}", *extra, *pools]
 
 
@@ -174,7 +244,8 @@ def format_plans(cluster: NamedCluster, engine: Engine, plans: dict[str, ModePla
                  max_token_lag: Optional[float] = None) -> str:  # fmt: skip
     work = cluster.workload
     sync_step = plans["sync"].expected.step_s
-    target = "" if max_token_lag is None else f"; each mode's fastest setting at token lag <= {max_token_lag:g}"
+    target = ("; each mode's fastest setting, whatever its token lag" if max_token_lag is None
+              else f"; each mode's fastest setting at token lag <= {max_token_lag:g}")  # fmt: skip
     lines = [
         f"{cluster.shape} on {cluster.gpus} x {cluster.gpu} (TP-{cluster.tp}), {work.prompts} prompts x {work.samples} "
         f"samples, responses median {work.median_response_tokens} / sigma {work.response_sigma} / cap "
@@ -195,7 +266,8 @@ def format_plans(cluster: NamedCluster, engine: Engine, plans: dict[str, ModePla
         )
     lines += ["", "  hydra overrides (add to your verl command line):"]
     for mode, planned in plans.items():
-        lines.append(f"  {mode}: {' '.join(hydra_overrides(mode, planned.chosen, gpus_per_node))}")
+        args = hydra_overrides(mode, planned.chosen, gpus_per_node, work.prompts, work.minibatches)
+        lines.append(f"  {mode}: {' '.join(args)}")
     lines.append(f"  (what-if model, {plans['sync'].expected.seeds} seeds; step times in seconds on the cluster; "
                  "verl-pipe's docs/bench.md says what it does not model)")  # fmt: skip
     return "\n".join(lines)

@@ -134,18 +134,24 @@ def pool_busy_share(path: str, start: float, end: float) -> Optional[float]:
     return sum(shares) / len(shares)
 
 
-def _sync_windows(events: list[dict]) -> list[tuple[float, float, float]]:
+def _sync_windows(events: list[dict], loads_hand_work: bool = True) -> list[tuple[float, float, float]]:
     """(start, end, idle the model has in it) per sync: from the sync (an abort, or a load no abort began) to the
     moment the model gives the pool its work back. That is the first new request admitted before the next sync
     (every schedule admits the next batch, or feeds, straight after its step's sync), else the first aborted
     request resumed (a sync between minibatch updates). The model holds the pool empty for ``hold_s`` after an
-    abort, and for nothing after a load (an in-flight load's stall holds requests: it is not idle)."""
+    abort, and for nothing after a load (an in-flight load's stall holds requests: it is not idle).
+
+    ``loads_hand_work=False``: a load is no such moment, only an abort is. A feeder that admits when the trainer
+    takes groups (in_flight_pipeline under ``max_untrained_prompts``) hands the pool nothing at a load, and an
+    idle pool after one is the schedule's own (every untrained group generated, the trainer behind), which the
+    model has too."""
     windows: list[tuple[float, float, float]] = []
     # the weights a server starts with are no sync: the first one comes after a request
     index = next((i for i, event in enumerate(events) if event["event"] in ("admit", "resume")), len(events))
+    starts = ("abort", "loaded") if loads_hand_work else ("abort",)
     while index < len(events):
         event = events[index]
-        if event["event"] not in ("abort", "loaded"):
+        if event["event"] not in starts:
             index += 1
             continue
         start, expected = float(event["at"]), float(event.get("hold_s", 0.0))
@@ -167,7 +173,7 @@ def _sync_windows(events: list[dict]) -> list[tuple[float, float, float]]:
     return windows
 
 
-def admission_losses(path: str) -> list[tuple[float, float]]:
+def admission_losses(path: str, loads_hand_work: bool = True) -> list[tuple[float, float]]:
     """(when the pool got its work back, wall seconds of the pool lost) per sync: the replicas' idle time in the
     sync's window (:func:`_sync_windows`), averaged over the replicas, beyond what the model idles there. That is
     the real CPU latency between a sync and the work the model hands the pool at once; [] without events."""
@@ -178,7 +184,7 @@ def admission_losses(path: str) -> list[tuple[float, float]]:
     replicas = _replica_count(records)
     holding = [_holding_spans(records, index) for index in range(replicas)]
     losses = []
-    for start, end, expected in _sync_windows(events):
+    for start, end, expected in _sync_windows(events, loads_hand_work):
         idle = sum((end - start) * (1.0 - busy_share(spans, start, end)) for spans in holding) / replicas
         losses.append((end, max(0.0, idle - expected)))
     return losses

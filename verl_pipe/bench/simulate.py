@@ -16,12 +16,15 @@ What each schedule does, as the real modes do it (``M`` minibatch updates per st
   rest generate; after the last one, the sync and the next batch.
 * ``in_flight_pipeline``: the sampler never drains. A group admitted while the sampler holds v_s is due at step
   s + 1 + L (L, the lag bound), and the feeder admits a group whenever the untrained ones fit the steps up to
-  its deadline; each minibatch takes scored groups earliest deadline first (then the longest), and waits while
-  the due groups it would leave do not fit the step's later minibatches. New weights load between decode steps
-  without aborting anything: after every minibatch update with ``load_every_update``, else once a step.
-* ``separate_async`` (verl): one batch ahead (its warm-up batch); each minibatch takes the oldest scored groups of
-  any batch; every ``sync_every`` updates the sync aborts every request in the pool, holds it for the transfer,
-  and resubmits each, which pays the prefill of its prompt and of what it had decoded again. With
+  its deadline, and, with ``max_untrained``, while fewer groups than that are submitted and not yet taken by a
+  minibatch (a place the trainer frees is refilled at once: the real feeder polls); each minibatch takes scored
+  groups earliest deadline first (then the longest), and waits while the due groups it would leave do not fit the
+  step's later minibatches. New weights load between decode steps without aborting anything: after every
+  minibatch update with ``load_every_update``, else once a step.
+* ``separate_async`` (verl): ``warmup_batches`` ahead (verl's ``num_warmup_batches``, one by default; a fraction
+  is a share of a batch); each step submits a batch; each minibatch takes the oldest scored groups of any batch;
+  every ``sync_every`` updates the sync aborts every request in the pool, holds it for the transfer, and
+  resubmits each, which pays the prefill of its prompt and of what it had decoded again. With
   ``abort_on_sync=False`` (a what-if, no mode runs it) the sync is an in-flight load instead: the gap between the
   two is all that loading without an abort can win on verl's own schedule.
 
@@ -56,6 +59,10 @@ class Scenario:
     sync_every: int = 0  # separate_async: minibatch updates per (aborting) sync; 0: one per step
     max_lag: int = 1  # in_flight_pipeline's lag bound
     load_every_update: bool = False  # in_flight_pipeline: a load after every minibatch update, not once a step
+    # in_flight_pipeline: groups submitted and not yet taken by a minibatch (its max_untrained_prompts: generating,
+    # scoring or waiting for the trainer); 0: only the lag bound limits them
+    max_untrained: int = 0
+    warmup_batches: float = 1.0  # separate_async: batches submitted ahead of the first (num_warmup_batches)
     trainer_overhead_s: float = 0.0  # modelled trainer seconds per minibatch outside the modelled phases
     # separate_async: verl's sync aborts and resubmits every request; False is a what-if, the same schedule with an
     # in-flight load instead (nothing re-prefilled): the most that loading without an abort can gain on it
@@ -66,8 +73,8 @@ class Scenario:
             raise ValueError(f"schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.prompts % self.minibatches:
             raise ValueError(f"prompts={self.prompts} must split into {self.minibatches} equal minibatches")
-        if self.sync_every < 0 or self.max_lag < 0:
-            raise ValueError("sync_every and max_lag must be >= 0")
+        if self.sync_every < 0 or self.max_lag < 0 or self.max_untrained < 0 or self.warmup_batches < 0:
+            raise ValueError("sync_every, max_lag, max_untrained and warmup_batches must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -260,19 +267,25 @@ def _minibatch(w: _World, steps: int, record: Record) -> None:
 
 def _in_flight(w: _World, steps: int, record: Record) -> None:
     lag, per, batch = w.s.max_lag, w.s.prompts // w.s.minibatches, w.s.prompts
+    slots = batch * (lag + 1)  # max_in_flight_prompts' default: groups generating at once
     synced = 0  # the version the sampler serves (whole steps; loads within a step do not move deadlines)
     untrained: set[Key] = set()
+    # the step the feeder admits for and the groups that step took so far (the feeder runs between the hooks)
+    at = {"next_step": 1, "taken_this_step": 0}
 
-    def feed(next_step: int, taken_this_step: int = 0) -> None:
-        """Admit what the bound allows: the steps from ``next_step`` to the new group's deadline train ``batch``
-        groups each, and hold every untrained group (the groups this step took count against its own batch)."""
+    def feed() -> None:
+        """Admit what the bound allows: the steps from the next one to the new group's deadline train ``batch``
+        groups each, and hold every untrained group (the groups this step took count against its own batch); no
+        more than ``slots`` generate at once, and no more than ``max_untrained`` wait for the trainer."""
         deadline = synced + 1 + lag
-        room = batch * max(0, deadline - next_step + 1) - len(untrained) - taken_this_step
-        free_slots = batch * (lag + 1) - sum(1 for k in untrained if w.generating[k])
+        room = batch * max(0, deadline - at["next_step"] + 1) - len(untrained) - at["taken_this_step"]
+        free_slots = slots - sum(1 for k in untrained if w.generating[k])
+        if w.s.max_untrained:
+            free_slots = min(free_slots, w.s.max_untrained - len(untrained))
         for _ in range(min(room, free_slots)):
             untrained.add(w.admit_group(deadline))
 
-    feed(1)
+    feed()
     for step in range(1, steps + 1):
         taken: list[Key] = []
         for minibatch in range(w.s.minibatches):
@@ -284,18 +297,19 @@ def _in_flight(w: _World, steps: int, record: Record) -> None:
 
             keys = _take(w, per, lambda: [k for k in untrained if k not in taken],
                          order=lambda k: (k[0], -w.tokens[k]), may_take=leaves_room)  # fmt: skip
+            untrained.difference_update(keys)
+            at.update(next_step=step, taken_this_step=len(taken) + len(keys))  # taken before the update trains
+            if minibatch == w.s.minibatches - 1:
+                at.update(next_step=step + 1, taken_this_step=0)
+            feed()  # the feeder sees the taken groups' places while the update runs
             w.train(keys)
             taken += keys
-            untrained.difference_update(keys)
-            if minibatch < w.s.minibatches - 1:
-                feed(step, taken_this_step=len(taken))
-            else:
-                feed(step + 1)
+            feed()
             if w.s.load_every_update and minibatch < w.s.minibatches - 1:
                 w.load(step - 1 + (minibatch + 1) / w.s.minibatches)
         w.load(float(step))
         synced = step
-        feed(step + 1)
+        feed()
         record(step, taken, step - 1)
 
 
@@ -303,7 +317,8 @@ def _separate_async(w: _World, steps: int, record: Record) -> None:
     per = w.s.prompts // w.s.minibatches
     sync_every = w.s.sync_every or w.s.minibatches
     w.admit(1)
-    w.admit(2)  # verl's one warm-up batch
+    for _ in range(int(w.s.warmup_batches * w.s.prompts)):  # verl's warm-up groups, whole prompts rounded down
+        w.admit_group(2)
     updates = 0
     for step in range(1, steps + 1):
         taken: list[Key] = []
