@@ -121,7 +121,7 @@ bench: $(call deps_for,$(BENCH_ROLLOUT))
 # Does in_flight_pipeline learn as well as verl's sync per step, and reach a target sooner on the modelled cluster:
 # SmolLM2 with GRPO+ on the generated function problems, 3 seeds per mode, greedy validation of 120 unseen ones after
 # every step, compared item by item; each step priced by bench pipeline (coding profile) at the same batch shape
-# (docs/learning.md). About 65 min on 2 cores with vLLM rollouts; ARGS="--out-dir DIR" resumes a bench cut short.
+# (docs/learning.md). About 90 min on 2 cores with vLLM rollouts; ARGS="--out-dir DIR" resumes a bench cut short.
 # LEARN_ROLLOUT=hf needs no .venv-vllm (and takes longer: hf validations are 3-4x slower).
 LEARN_ROLLOUT ?= vllm
 bench-learn: $(call deps_for,$(LEARN_ROLLOUT))

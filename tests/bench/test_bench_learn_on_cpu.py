@@ -22,12 +22,15 @@ from verl_pipe.bench.learn import (
     check_recorded,
     format_generation,
     format_report,
+    format_token_lag,
     generation_per_mode,
     mark_variants_unpriced,
     item_verdicts,
     load_run,
     pricing_from_report,
     pricing_minibatches,
+    step_token_lags,
+    token_lag_per_mode,
     variant_overrides,
     write_result,
 )
@@ -169,7 +172,8 @@ def test_verdicts_are_read_from_verls_validation_dump(tmp_path):
 
 
 def _pipeline_report(prompts=8, samples=4):
-    runs = [{"profile": "coding", "schedule": schedule, "block": block, "step_s": price}
+    runs = [{"profile": "coding", "schedule": schedule, "block": block, "step_s": price,
+             "token_lag_mean": 0.0 if mode == "sync" else 0.9 + 0.1 * block}
             for schedule, mode in (("verl_sync", "sync"), ("in_flight_pipeline", "in_flight_pipeline"))
             for block, price in enumerate(PRICES[mode])]  # fmt: skip
     runs.append({"profile": "math", "schedule": "verl_sync", "block": 0, "step_s": 1.0})
@@ -186,6 +190,7 @@ def test_pricing_reads_each_modes_blocks_and_knobs_from_a_pipeline_report():
     assert pricing.step_s == PRICES
     assert pricing.knobs["in_flight_pipeline"]["load_every_update"] is True
     assert pricing.layouts["in_flight_pipeline"] == "22+10"
+    assert pricing.token_lag == {"sync": 0.0, "in_flight_pipeline": pytest.approx(1.0)}
 
 
 def test_a_report_of_another_batch_shape_or_without_a_mode_is_refused():
@@ -356,3 +361,53 @@ def test_the_report_says_what_each_mode_generated_for_what_it_trained():
     text = "\n".join(format_generation(generation))
     assert "1.75 groups generated per group trained, 40.0% of response tokens thrown away" in text
     assert format_generation({plain: generation[plain]}) == []  # nothing to say without dynamic sampling
+
+
+def test_each_steps_token_lag_is_read_from_verls_log_in_policy_versions():
+    # in_flight_pipeline logs its token-weighted lag beside verl's per-sample staleness (by a sample's freshest
+    # version, which misses the older tokens of a sample that spans versions): the token-weighted one is read
+    in_flight = [(1, {"in_flight/token_lag/mean": 0.0, "training/off_policy/trajectory_staleness/mean": 0.0}),
+                 (2, {"in_flight/token_lag/mean": 1.25, "training/off_policy/trajectory_staleness/mean": 0.5}),
+                 (3, {"in_flight/token_lag/mean": 0.75, "training/off_policy/trajectory_staleness/mean": 0.25})]
+    assert step_token_lags(in_flight) == [0.0, 1.25, 0.75]
+    # verl's own modes log only the staleness; separate_async syncing every update counts it in verl steps, one per
+    # minibatch (2 here): a step's lag is in whole steps, the mean of its verl steps' over 2
+    per_update = [(step, {"training/off_policy/trajectory_staleness/mean": lag})
+                  for step, lag in enumerate((0.0, 1.0, 2.0, 2.0, 3.0, 1.0), 1)]  # fmt: skip
+    assert step_token_lags(per_update, per_verl_step=2) == [0.25, 1.0, 1.0]
+    assert step_token_lags(per_update) == [0.0, 1.0, 2.0, 2.0, 3.0, 1.0]  # the control: read per verl step
+    assert step_token_lags([(1, {"timing_s/step": 3.0})]) == []  # a mode that logs neither has no lag
+
+
+def test_the_report_says_the_token_lag_each_mode_trained_and_was_priced_at():
+    def run(mode, lags):
+        return SeedRun(mode=mode, seed=0, rollout="hf", rewards=[], validations=[], verdicts={}, samples_trained=0,
+                       wall_s=1.0, run_dir="/x", token_lag=lags)  # fmt: skip
+
+    pricing = pricing_from_report(_pipeline_report(), LearnBenchConfig())
+    lags = token_lag_per_mode([run("sync", [0.0, 0.0]), run("in_flight_pipeline", [0.0, 1.5]),
+                               run("in_flight_pipeline", [1.0, 1.5])], pricing)  # fmt: skip
+    assert lags["in_flight_pipeline"] == {"trained": 1.0, "trained_max": 1.5, "priced": pytest.approx(1.0)}
+    assert lags["sync"] == {"trained": 0.0, "trained_max": 0.0, "priced": 0.0}
+    text = "\n".join(format_token_lag(lags))
+    assert "in_flight_pipeline       trained at 1.00 (worst step 1.50), priced at 1.00" in text
+    unlogged = token_lag_per_mode([run("one_off_pipeline", [])], Pricing({}, {}, {}, ""))
+    assert "trained at n/a (worst step n/a), priced at n/a" in "\n".join(format_token_lag(unlogged))
+
+
+def test_a_run_recorded_without_its_lag_reads_it_from_its_metrics_log(tmp_path):
+    from verl_pipe.quickstart import metrics_log_path
+
+    run_dir = tmp_path / "in_flight_pipeline-seed0"
+    record = SeedRun(mode="in_flight_pipeline", seed=0, rollout="vllm", rewards=[], validations=[], verdicts={},
+                     samples_trained=0, wall_s=1.0, run_dir=str(run_dir), knobs={"max_lag": 2})  # fmt: skip
+    log = metrics_log_path(str(run_dir))
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    with open(log, "w") as fh:
+        for step, lag in ((1, 0.0), (2, 1.5)):
+            fh.write(json.dumps({"step": step, "data": {"timing_s/step": 1.0, "in_flight/token_lag/mean": lag}}) + "\n")
+    record_dict = record.__dict__ | {"token_lag": []}
+    del record_dict["token_lag"]  # as an earlier version wrote it
+    with open(run_dir / "run.json", "w") as fh:
+        json.dump(record_dict, fh)
+    assert load_run(str(run_dir)).token_lag == [0.0, 1.5]

@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
@@ -151,6 +152,8 @@ class Pricing:
     knobs: dict[str, dict[str, Any]]  # mode -> the planner's Knobs as a dict
     layouts: dict[str, str]
     report: str  # where the benchmark's report is
+    # mode -> the token lag the pricing run measured on the modelled cluster (mean over blocks, policy versions)
+    token_lag: dict[str, float] = field(default_factory=dict)
 
 
 def pricing_from_report(report: dict[str, Any], cfg: LearnBenchConfig) -> Pricing:
@@ -182,7 +185,19 @@ def pricing_from_report(report: dict[str, Any], cfg: LearnBenchConfig) -> Pricin
         knobs={mode: dict(plans[names[mode]].get("knob_values", {})) for mode in cfg.modes},
         layouts={mode: plans[names[mode]]["layout"] for mode in cfg.modes},
         report=report.get("out_dir", ""),
+        token_lag=priced_token_lags(report, names),
     )
+
+
+def priced_token_lags(report: dict[str, Any], schedules: dict[str, str]) -> dict[str, float]:
+    """Per mode, the token lag its schedule ran at in the pricing report (mean over blocks; none when unrecorded)."""
+    out = {}
+    for mode, schedule in schedules.items():
+        lags = [float(run["token_lag_mean"]) for run in report["runs"] if run["profile"] == PRICING_PROFILE
+                and run["schedule"] == schedule and "token_lag_mean" in run]  # fmt: skip
+        if lags:
+            out[mode] = statistics.mean(lags)
+    return out
 
 
 def price_steps(cfg: LearnBenchConfig, out_dir: str, address: str, progress: Callable[[str], None]) -> Pricing:
@@ -225,6 +240,20 @@ class SeedRun:
     # else the trained ones) and, with dynamic sampling, each step's share of response tokens thrown away
     groups_generated: int = 0
     dropped_token_frac: list[float] = field(default_factory=list)
+    token_lag: list[float] = field(default_factory=list)  # per step, policy versions (step_token_lags)
+
+
+def step_token_lags(steps: list[tuple[int, dict]], per_verl_step: int = 1) -> list[float]:
+    """Each step's token lag, in policy versions behind the weights it trains, from verl's metrics log (verl steps
+    grouped ``per_verl_step`` to a step): in_flight_pipeline's token-weighted measure where it logs one, else verl's
+    per-sample ``trajectory_staleness`` (by the sample's freshest version: exact for a sample one version generated,
+    a lower bound for one that spans several)."""
+    per_step: dict[int, list[float]] = {}
+    for verl_step, data in steps:
+        lag = data.get("in_flight/token_lag/mean", data.get("training/off_policy/trajectory_staleness/mean"))
+        if lag is not None:
+            per_step.setdefault((verl_step - 1) // per_verl_step, []).append(float(lag) / per_verl_step)
+    return [statistics.mean(lags) for _, lags in sorted(per_step.items())]
 
 
 def item_verdicts(validation_dir: str, per_verl_step: int = 1) -> dict[int, dict[str, int]]:
@@ -301,6 +330,7 @@ def train_run(cfg: LearnBenchConfig, mode: str, seed: int, knobs: dict[str, Any]
         wall_s=time.time() - started, run_dir=run_dir, knobs=knobs, groups_generated=generated,
         dropped_token_frac=[float(data["pipeline/dapo/dropped_token_frac"]) for _, data in steps
                             if "pipeline/dapo/dropped_token_frac" in data],
+        token_lag=step_token_lags(steps, per_verl_step),
     )  # fmt: skip
     with open(os.path.join(run_dir, RUN_RECORD), "w", encoding="utf-8") as fh:
         json.dump(asdict(run), fh)
@@ -315,7 +345,17 @@ def load_run(run_dir: str) -> Optional[SeedRun]:
         record = json.load(fh)
     record["validations"] = [Validation(**v) for v in record["validations"]]
     record["verdicts"] = {int(step): items for step, items in record["verdicts"].items()}
-    return SeedRun(**record)
+    run = SeedRun(**record)
+    if not run.token_lag:  # recorded before runs kept their lag: read it from the run's own metrics log
+        from verl_pipe.bench.plan import Knobs
+        from verl_pipe.plot import load_verl_metrics
+        from verl_pipe.quickstart import metrics_log_path
+
+        log = metrics_log_path(run.run_dir)
+        if os.path.exists(log):
+            per_verl_step = verl_steps_per_step(base_mode(run.mode), Knobs(**run.knobs), pricing_minibatches())
+            run.token_lag = step_token_lags(load_verl_metrics(log), per_verl_step)
+    return run
 
 
 def check_recorded(run: SeedRun, cfg: LearnBenchConfig) -> None:
@@ -385,6 +425,7 @@ def analyse(cfg: LearnBenchConfig, runs: list[SeedRun], pricing: Pricing, out_di
         "runs": [asdict(r) for r in runs],
         "analysis": analysis,
         "generation": generation_per_mode(runs, cfg),
+        "token_lag": token_lag_per_mode(runs, pricing),
         "out_dir": out_dir,
     }
 
@@ -413,6 +454,31 @@ def generation_per_mode(runs: list[SeedRun], cfg: LearnBenchConfig) -> dict[str,
             "dropped_token_frac": sum(fracs) / len(fracs) if fracs else 0.0,
         }  # fmt: skip
     return out
+
+
+def token_lag_per_mode(runs: list[SeedRun], pricing: Pricing) -> dict[str, dict[str, Optional[float]]]:
+    """Per mode, the token lag its learning runs trained at (mean over steps and seeds; None when its runs logged
+    none) beside the one its step was priced at."""
+    out = {}
+    for mode in dict.fromkeys(r.mode for r in runs):
+        lags = [lag for r in runs if r.mode == mode for lag in r.token_lag]
+        out[mode] = {"trained": statistics.mean(lags) if lags else None,
+                     "trained_max": max(lags) if lags else None, "priced": pricing.token_lag.get(mode)}  # fmt: skip
+    return out
+
+
+def format_token_lag(lags: dict[str, dict[str, Optional[float]]]) -> list[str]:
+    def shown(value: Optional[float]) -> str:
+        return "n/a" if value is None else f"{value:.2f}"
+
+    if not lags:
+        return []
+    lines = ["token lag, policy versions behind the trained weights (learning runs: mean over steps and seeds, worst "
+             "step; pricing run on the cluster):"]  # fmt: skip
+    for mode, row in lags.items():
+        lines.append(f"  {mode:24s} trained at {shown(row['trained'])} (worst step {shown(row['trained_max'])}), "
+                     f"priced at {shown(row['priced'])}")  # fmt: skip
+    return lines
 
 
 def write_result(result: dict[str, Any], out_dir: str) -> dict[str, Any]:
@@ -450,6 +516,7 @@ def format_report(result: dict[str, Any]) -> str:
                     for mode, s in pricing["step_s"].items()),
         *format_analysis(result["analysis"], cfg.get("baseline", BASELINE_MODE)),
         *format_generation(result.get("generation", {})),
+        *format_token_lag(result.get("token_lag", {})),
         f"curves: {result['png']}",
         f"report: {result['json']}",
     ]
