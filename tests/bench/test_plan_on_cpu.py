@@ -154,3 +154,12 @@ def test_the_old_sizing_command_points_to_the_planner(capsys):
     assert "`verl-pipe bench size` is now `verl-pipe plan`" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # the control: any other unknown bench command is argparse's to refuse
         main(["bench", "sizes"])
+
+
+def test_ours_are_held_to_verls_lag_only_where_it_is_below_the_target():
+    from verl_pipe.bench.plan import held_to_verl_lag
+
+    assert held_to_verl_lag(1.0, 0.95) == 0.95
+    assert held_to_verl_lag(1.0, 1.2) == 1.0  # verl staler than the target: the target holds
+    assert held_to_verl_lag(None, 0.95) == 0.95 and held_to_verl_lag(1.0, None) == 1.0
+    assert held_to_verl_lag(None, None) is None

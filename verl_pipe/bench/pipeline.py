@@ -38,7 +38,7 @@ from typing import Any, Optional
 from verl_pipe.backends.cpu.overrides import ROLLOUT_ENGINES
 from verl_pipe.bench import cluster as clusters
 from verl_pipe.bench.latency import worker_env_vars
-from verl_pipe.bench.plan import DEFAULT_LAG_TARGET, Knobs, Plan, expectation, plan
+from verl_pipe.bench.plan import DEFAULT_LAG_TARGET, Knobs, Plan, expectation, held_to_verl_lag, plan
 from verl_pipe.bench.sampler_trace import (
     SAMPLER_TRACE_ENV,
     admission_losses,
@@ -488,10 +488,9 @@ class ProfilePlan:
 def lag_bound_for(schedule_name: str, cfg: BenchConfig, prepared: "ProfilePlan") -> Optional[float]:
     """The token lag a schedule is planned at: the target, and for ours with ``match_verl_lag`` no more than verl's
     separate_async is expected at (when it is planned in this run)."""
-    verl_lag = prepared.what_if.get("verl_separate_async", {}).get("token_lag")
-    if schedule_name in BASELINES or not cfg.match_verl_lag or verl_lag is None:
+    if schedule_name in BASELINES or not cfg.match_verl_lag:
         return cfg.lag_target
-    return verl_lag if cfg.lag_target is None else min(cfg.lag_target, verl_lag)
+    return held_to_verl_lag(cfg.lag_target, prepared.what_if.get("verl_separate_async", {}).get("token_lag"))
 
 
 def prepare_profile(name: str, cfg: BenchConfig, progress=print) -> ProfilePlan:
@@ -604,14 +603,16 @@ def run_bench(cfg: BenchConfig, progress=print) -> dict[str, Any]:
     return report
 
 
-def plan_of(meta: dict[str, Any], schedule_name: str) -> Plan:
-    """A report's plan of a schedule, as the run that made it chose it (layout and knobs)."""
+def plan_of(meta: dict[str, Any], schedule_name: str) -> tuple[Plan, int]:
+    """A report's plan of a schedule, as the run that made it chose it (layout and knobs), and the verl steps its
+    runs took per benchmark step."""
     named = clusters.cluster(meta["cluster"])
     saved = meta["plans"][schedule_name]
     layout = (clusters.colocated(named) if "colocated" in saved["layout"]
               else clusters.split(named, int(saved["layout"].split()[0])))  # fmt: skip
-    return Plan(SCHEDULES[schedule_name].trainer_mode, layout, Knobs(**saved.get("knob_values", {})),
-                meta["what_if"][schedule_name]["step_s"], meets_lag_target=saved.get("meets_lag_target", True))
+    chosen = Plan(SCHEDULES[schedule_name].trainer_mode, layout, Knobs(**saved.get("knob_values", {})),
+                  meta["what_if"][schedule_name]["step_s"], meets_lag_target=saved.get("meets_lag_target", True))
+    return chosen, verl_steps_per_step(chosen.schedule, chosen.knobs, named.workload.minibatches)
 
 
 def reread_runs(report: dict[str, Any]) -> dict[str, Any]:
@@ -624,9 +625,7 @@ def reread_runs(report: dict[str, Any]) -> dict[str, Any]:
     results = []
     for run in report["runs"]:
         meta = report["profiles"][run["profile"]]
-        chosen = plan_of(meta, run["schedule"])
-        minibatches = clusters.cluster(meta["cluster"]).workload.minibatches
-        per_verl_step = verl_steps_per_step(chosen.schedule, chosen.knobs, minibatches)
+        chosen, per_verl_step = plan_of(meta, run["schedule"])
         steps = read_steps(os.path.dirname(run["log"]))
         if not steps:
             raise ValueError(f"{run['log']}: the run's records (verl_metrics.jsonl beside it) are gone")

@@ -123,6 +123,14 @@ def lag_target_arg(text: str) -> Optional[float]:
     return value
 
 
+def held_to_verl_lag(lag_target: Optional[float], verl_lag: Optional[float]) -> Optional[float]:
+    """The lag bound a verl-pipe schedule is planned at when it is held to verl's tuned separate_async: the target,
+    or verl's expected lag where that is lower (None for either: the other)."""
+    if verl_lag is None:
+        return lag_target
+    return verl_lag if lag_target is None else min(lag_target, verl_lag)
+
+
 FINALISTS = 3  # candidates the first, one-seed pass keeps for the full comparison
 # One seed's token lag is noisy: the first pass keeps a candidate this far over a lag target, the full pass decides.
 SHORTLIST_LAG_SLACK = 0.05

@@ -72,18 +72,14 @@ def sampler_lane(run_dir: str, window_start: float, window_end: float) -> list[I
 def schedule_panels(report: dict[str, Any], block: int = 0) -> list[tuple[str, float, list[Interval]]]:
     """One ``(title, origin, intervals)`` panel per run of the report's ``block``: its measured steps, from
     ``origin`` (the warm-up and cool-down steps left out, each benchmark step as many verl steps as it ran)."""
-    from verl_pipe.bench import cluster as clusters
-    from verl_pipe.bench.pipeline import plan_of, verl_steps_per_step  # (the report's reader, which calls this)
+    from verl_pipe.bench.pipeline import plan_of  # (the report's reader, which calls this)
 
     panels = []
     for run in report["runs"]:
         if run.get("block", 0) != block:
             continue
         run_dir = os.path.dirname(run["log"])
-        meta = report["profiles"][run["profile"]]
-        chosen = plan_of(meta, run["schedule"])
-        minibatches = clusters.cluster(meta["cluster"]).workload.minibatches
-        per_verl_step = verl_steps_per_step(chosen.schedule, chosen.knobs, minibatches)
+        _, per_verl_step = plan_of(report["profiles"][run["profile"]], run["schedule"])
         warmup = int(report["config"]["warmup_steps"]) * per_verl_step
         records = _step_records(run_dir)
         measured = report["config"].get("steps")

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from verl_pipe.bench import cluster as clusters
-from verl_pipe.bench.plan import NO_ABORT_KNOBS, Knobs, plan, scenario
+from verl_pipe.bench.plan import NO_ABORT_KNOBS, Knobs, held_to_verl_lag, plan, scenario
 from verl_pipe.bench.simulate import simulate
 
 SCHEDULES = ("sync", "separate_async", "one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline")
@@ -56,10 +56,7 @@ def _row(label: str, named: clusters.NamedCluster, engine: str, prompts: int, sa
                     warmup_steps=WARMUP, max_token_lag=target, **options)  # fmt: skip
 
     verl = {s: planned(s) for s in ("sync", "separate_async")}
-    ours_target = lag_target
-    if match_verl_lag:
-        verl_lag = verl["separate_async"].token_lag
-        ours_target = verl_lag if lag_target is None else min(lag_target, verl_lag)
+    ours_target = held_to_verl_lag(lag_target, verl["separate_async"].token_lag) if match_verl_lag else lag_target
     steps = {s: (verl[s] if s in verl else planned(s, ours_target)).step_s for s in SCHEDULES}
     steps[NO_ABORT] = planned("separate_async", knob_options=NO_ABORT_KNOBS).step_s
     return {"row": label, "step_s": steps}
