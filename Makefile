@@ -80,7 +80,8 @@ $(VLLM_STAMP): setup.py Makefile
 
 # The tests that need vLLM (the demo's default engine): they run from .venv-vllm, where a missing vLLM fails them
 # instead of skipping them. `make test` runs them after the rest of the suite.
-VLLM_TESTS := tests/e2e/test_vllm_e2e_on_cpu.py tests/backends/test_vllm_engine_death_on_cpu.py
+VLLM_TESTS := tests/e2e/test_vllm_e2e_on_cpu.py tests/backends/test_vllm_engine_death_on_cpu.py \
+  tests/backends/test_vllm_prefix_cache_on_cpu.py
 test-vllm: install-vllm
 	VERL_PIPE_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest $(VLLM_TESTS) $(PYTEST_ARGS)
 

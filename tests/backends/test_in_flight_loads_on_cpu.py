@@ -14,6 +14,8 @@ from verl_pipe.backends.cpu.in_flight_loads import (
     InFlightLoads,
     WeightLoad,
     caller_request_id,
+    salt_prefills_by_weights,
+    salted_prompt,
     token_versions,
     version_tags,
 )
@@ -87,3 +89,46 @@ def test_a_load_whose_version_nobody_announced_is_refused():
 
     with pytest.raises(RuntimeError, match="expect_weights"):
         asyncio.run(scenario())
+
+
+class _Engine:
+    """vLLM's AsyncLLM as verl's server calls it: ``generate(prompt=..., sampling_params=..., request_id=...)``."""
+
+    def __init__(self):
+        self.prompts = []
+
+    def generate(self, prompt, sampling_params=None, request_id=None):
+        self.prompts.append(prompt)
+        return request_id
+
+
+def test_a_request_sent_after_a_load_began_shares_no_prefix_cache_with_those_before():
+    """Guards: vLLM refuses verl's prefix-cache reset while requests run (always, under in-flight loads), so without
+    a salt a request after a load reuses prompt KV the old weights computed. The salt changes when the load's RPC is
+    sent (a request sent meanwhile reaches the engine after the load), not when it is recorded."""
+
+    async def scenario() -> list:
+        loads = InFlightLoads(version=1)
+        engine = _Engine()
+        salt_prefills_by_weights(engine, loads)
+        salt_prefills_by_weights(engine, loads)  # a second call (every generate makes one) wraps nothing twice
+        prompt = {"prompt_token_ids": [1, 2, 3]}
+        assert engine.generate(prompt=prompt, sampling_params=None, request_id="a") == "a"
+        engine.generate(dict(prompt), None, "b")  # the prompt positionally, as vLLM's signature allows
+        loads.expected = 2
+        async with loads.loading():
+            engine.generate(prompt=dict(prompt), request_id="during")
+            loads.record({})
+        engine.generate(prompt=dict(prompt), request_id="after")
+        assert "cache_salt" not in prompt  # the caller's dict is not changed
+        return [p["cache_salt"] for p in engine.prompts]
+
+    before, same, during, after = asyncio.run(scenario())
+    assert before == same  # one version's requests still share their prompt's blocks
+    assert during != before and during == after
+
+
+def test_a_callers_salt_is_kept_and_a_prompt_that_is_not_vllms_dict_is_refused():
+    assert salted_prompt({"prompt_token_ids": [1], "cache_salt": "tenant"}, 3)["cache_salt"] == "tenant|verl-pipe-weights-3"
+    with pytest.raises(TypeError, match="salt vLLM's prompt dict"):
+        salted_prompt([1, 2, 3], 0)

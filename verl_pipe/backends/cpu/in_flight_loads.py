@@ -6,6 +6,16 @@ is already in flight: verl sends it as a utility call (``collective_rpc("update_
 engine core runs between two scheduler steps, and the running requests wait out the load and go on decoding with
 their KV cache. So the worker counts, at each load, how many tokens every request had sampled so far (under the old
 weights), and the server replays the loads that fell inside an answer when it comes back (:class:`InFlightLoads`).
+
+A load that aborts nothing also cannot clear vLLM's prefix cache: verl resets it after every sync, and vLLM refuses
+while running requests hold blocks (``BlockPool.reset_prefix_cache`` returns False), which under in-flight loads is
+nearly always. Left alone, a request submitted after a load would reuse prompt KV computed by weights many loads
+old: a shared system prompt's, or a validation prompt's from the previous validation, for the whole run. So every
+new request's prefix-cache key carries the count of loads begun (vLLM's per-request ``cache_salt``,
+:func:`salt_prefills_by_weights`): it shares cached blocks only with requests that entered the engine under the
+same weights. Running requests keep their own KV, as the design says. What is left: a request that reached the
+engine's queue before a load and is first scheduled after it can still hit a sibling's block (the same prompt,
+submitted a moment earlier) from the old weights; its tokens are tagged with the new version.
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ class InFlightLoads:
         self.expected: Optional[float] = None  # of the weights the next load brings (the trainer says so first)
         # a few ints per running request per sync: a run keeps them all (an answer's replay starts at its mark)
         self.loads: list[WeightLoad] = []
+        self.loads_begun = 0  # loads sent to the engine so far, recorded or not (the prefix-cache salt)
         self._loading = 0
         self._settled = asyncio.Event()
         self._settled.set()
@@ -88,6 +99,7 @@ class InFlightLoads:
                 "on every vLLM server before the sync (InFlightCheckpointManager does)"
             )
         self._loading += 1
+        self.loads_begun += 1  # before the RPC: a request sent after it reaches the engine after the load
         self._settled.clear()
         try:
             yield
@@ -107,3 +119,31 @@ class InFlightLoads:
         await self._settled.wait()
         first_load, version = mark
         return token_versions(request_id, num_tokens, version, self.loads[first_load:])
+
+
+CACHE_SALT_PREFIX = "verl-pipe-weights-"
+_SALTED_MARK = "_verl_pipe_salted_by"
+
+
+def salted_prompt(prompt: Any, loads_begun: int) -> Any:
+    """The prompt verl hands vLLM (a ``TokensPrompt`` dict), keyed in the prefix cache on the weights it enters under;
+    a salt the caller set is kept in front of ours."""
+    if not isinstance(prompt, dict):
+        raise TypeError(f"in-flight loads salt vLLM's prompt dict, and verl sent a {type(prompt).__name__}")
+    ours = f"{CACHE_SALT_PREFIX}{loads_begun}"
+    theirs = prompt.get("cache_salt")
+    return {**prompt, "cache_salt": f"{theirs}|{ours}" if theirs else ours}
+
+
+def salt_prefills_by_weights(engine: Any, loads: InFlightLoads) -> None:
+    """Make ``engine.generate`` (vLLM's ``AsyncLLM``, its prompt first) salt every new request with the loads begun
+    when it is sent. Idempotent per engine and ``loads``."""
+    if getattr(engine, _SALTED_MARK, None) is loads:
+        return
+    generate = type(engine).generate.__get__(engine)  # the class's: a second call never wraps a wrapper
+
+    def generate_salted(prompt, *args, **kwargs):
+        return generate(salted_prompt(prompt, loads.loads_begun), *args, **kwargs)
+
+    engine.generate = generate_salted
+    setattr(engine, _SALTED_MARK, loads)

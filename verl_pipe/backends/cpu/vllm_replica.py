@@ -44,7 +44,7 @@ except (ImportError, ValueError) as error:  # verl raises ValueError when it fin
 from verl.plugin.platform import get_platform
 from verl.utils.net_utils import is_valid_ipv6_address
 from verl_pipe.backends.cpu.generation_timing import generation_timing
-from verl_pipe.backends.cpu.in_flight_loads import InFlightLoads, version_tags
+from verl_pipe.backends.cpu.in_flight_loads import InFlightLoads, salt_prefills_by_weights, version_tags
 from verl_pipe.backends.cpu.prefill_log import PrefillLog
 
 logger = logging.getLogger("verl_pipe")
@@ -68,6 +68,7 @@ class CPUvLLMHttpServer(vLLMHttpServer):
         if loads is None:
             output = await self._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
         else:
+            salt_prefills_by_weights(self.engine, loads)  # here: a restarted engine is salted too
             mark = loads.mark()
             output = await self._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
             versions = await loads.versions(request_id, len(output.token_ids), mark)

@@ -1,0 +1,90 @@
+"""On vLLM's real engine: after an in-flight weight load, a new request reuses no prompt KV the old weights computed.
+
+verl resets vLLM's prefix cache after every weight sync. Under ``in_flight_pipeline`` requests are running at each
+load, and vLLM refuses the reset while they hold blocks, so without more a request submitted after the load finds
+its prompt's blocks from before it (a shared system prompt's, a validation prompt's, for the whole run). The CPU
+backend's server keys every new request's prefix-cache blocks on the loads begun
+(:func:`verl_pipe.backends.cpu.in_flight_loads.salt_prefills_by_weights`). Here SmolLM2 runs in vLLM's CPU engine:
+the premise (the reset fails while a request runs, and a new request then hits the stale blocks: the control), the
+fix (after a load it hits none) and what it keeps (requests under the same weights still share). Needs vLLM:
+``make test`` runs this file from .venv-vllm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import uuid
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    if os.environ.get("VERL_PIPE_REQUIRE_VLLM") == "1":
+        raise RuntimeError("VERL_PIPE_REQUIRE_VLLM=1 but vllm is not importable: rebuild it with `make install-vllm`")
+    pytest.skip("needs vLLM's CPU build (`make test` runs this file from .venv-vllm)", allow_module_level=True)
+
+from verl_pipe.backends.cpu.in_flight_loads import InFlightLoads, salt_prefills_by_weights
+from verl_pipe.backends.cpu.shm import removing_orphaned_segments
+from verl_pipe.models import smollm2_path
+
+BLOCK = 128  # vLLM's CPU block size: a prompt's full blocks are what the prefix cache keeps
+SHARED = list(range(100, 100 + 2 * BLOCK + 44))  # two full blocks every request below starts with
+
+
+async def _cached_tokens(engine, tail: int, max_tokens: int = 1) -> int:
+    """Prompt tokens vLLM found in its prefix cache for SHARED + [tail] (greedy, ``max_tokens`` sampled)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    final = None
+    async for final in engine.generate(prompt={"prompt_token_ids": [*SHARED, tail]}, sampling_params=params,
+                                       request_id=str(uuid.uuid4())):  # fmt: skip
+        pass
+    return final.num_cached_tokens
+
+
+async def _scenario() -> dict[str, object]:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
+        model=smollm2_path(), enable_prefix_caching=True, enforce_eager=True, kv_cache_memory_bytes=256 << 20,
+        max_model_len=1024, dtype="bfloat16",
+    ))  # fmt: skip
+    seen: dict[str, object] = {}
+    try:
+        seen["first"] = await _cached_tokens(engine, 1)
+        seen["repeat"] = await _cached_tokens(engine, 2)
+        running = asyncio.create_task(_cached_tokens(engine, 3, max_tokens=700))  # holds its blocks throughout
+        await asyncio.sleep(1.0)
+        seen["reset_while_running"] = await engine.reset_prefix_cache()  # what verl calls after each sync
+        seen["unsalted_after_failed_reset"] = await _cached_tokens(engine, 4)
+        loads = InFlightLoads(version=1)
+        salt_prefills_by_weights(engine, loads)
+        seen["salted_first"] = await _cached_tokens(engine, 5)
+        seen["salted_same_weights"] = await _cached_tokens(engine, 6)
+        loads.expected = 2
+        async with loads.loading():  # a load: the server wraps its weight RPC in this
+            loads.record({})
+        seen["salted_after_load"] = await _cached_tokens(engine, 7)
+        seen["salted_after_load_again"] = await _cached_tokens(engine, 8)
+        seen["still_running"] = not running.done()
+        await running
+    finally:
+        engine.shutdown()
+    return seen
+
+
+def test_after_an_in_flight_load_no_new_request_reuses_the_old_weights_prompt_kv():
+    with removing_orphaned_segments():
+        seen = asyncio.run(_scenario())
+    assert seen["first"] == 0 and seen["repeat"] == 2 * BLOCK, seen  # the prefix cache works
+    # the premise, and the control: verl's reset is refused while a request runs, and the next request hits the
+    # blocks from before (under in-flight loads these are the old weights' KV)
+    assert seen["still_running"] and seen["reset_while_running"] is False, seen
+    assert seen["unsalted_after_failed_reset"] == 2 * BLOCK, seen
+    # salted: requests under the same weights share their prompt's blocks, and after a load none finds them
+    assert seen["salted_same_weights"] == 2 * BLOCK, seen
+    assert seen["salted_after_load"] == 0, seen
+    assert seen["salted_after_load_again"] == 2 * BLOCK, seen
