@@ -31,10 +31,17 @@ from verl_pipe.bench.learn import (
     pricing_minibatches,
     step_token_lags,
     token_lag_per_mode,
+    trained_prompt_rewards,
     variant_overrides,
     write_result,
 )
-from verl_pipe.bench.learn_stats import compare_modes, crossing_step, format_analysis
+from verl_pipe.bench.learn_stats import (
+    compare_modes,
+    crossing_step,
+    format_analysis,
+    format_same_prompt_rewards,
+    same_prompt_rewards,
+)
 from verl_pipe.cli import build_parser
 from verl_pipe.compat import SetupError
 from verl_pipe.run_metrics import Validation, validations_from_verl_log, wilson_interval
@@ -411,3 +418,66 @@ def test_a_run_recorded_without_its_lag_reads_it_from_its_metrics_log(tmp_path):
     with open(run_dir / "run.json", "w") as fh:
         json.dump(record_dict, fh)
     assert load_run(str(run_dir)).token_lag == [0.0, 1.5]
+    _rollout_dump(run_dir / "rollouts" / "1.jsonl", 1, {"p0": [1.0, 0.0]})
+    record_dict["token_lag"] = [0.0, 1.5]  # a run recorded with its lag, before it kept its prompts' rewards
+    with open(run_dir / "run.json", "w") as fh:
+        json.dump(record_dict, fh)
+    assert load_run(str(run_dir)).prompt_rewards == {"p0": [1, 0.5]}
+
+
+def _rollout_dump(path, verl_step, groups):
+    """verl's rollout dump (``trainer.rollout_data_dir``): a line per trained sample."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        for prompt, scores in groups.items():
+            for i, score in enumerate(scores):
+                fh.write(json.dumps({"input": prompt, "output": f"answer {i}", "gts": "[]", "score": score,
+                                     "step": verl_step, "uid": f"{prompt}-{i}"}) + "\n")  # fmt: skip
+
+
+def test_each_trained_prompts_step_and_reward_are_read_from_verls_rollout_dump(tmp_path):
+    _rollout_dump(tmp_path / "1.jsonl", 1, {"a": [1.0, 0.0, 0.0, 1.0]})
+    _rollout_dump(tmp_path / "2.jsonl", 2, {"b": [0.0, 0.0, 0.0, 1.0]})
+    _rollout_dump(tmp_path / "3.jsonl", 3, {"c": [1.0] * 4, "a": [1.0] * 4})  # "a" again: a second epoch
+    # separate_async syncing every update: two verl steps to a step
+    assert trained_prompt_rewards(str(tmp_path), per_verl_step=2) == {"a": [1, 0.5], "b": [1, 0.25], "c": [2, 1.0]}
+    assert trained_prompt_rewards(str(tmp_path))["b"] == [2, 0.25]  # the control: read per verl step
+    (tmp_path / "4.jsonl").write_text(json.dumps({"input": "d", "step": 4}) + "\n")
+    with pytest.raises(ValueError, match="'input' and 'score'"):
+        trained_prompt_rewards(str(tmp_path))
+
+
+def _trained_prompts(order, rewards, shift=None):
+    """A run's prompt -> (step, group reward): prompts trained 8 a step in ``order``, ``shift`` added by step."""
+    return {p: (i // 8 + 1, rewards[p] + (shift or {}).get(i // 8 + 1, 0.0)) for i, p in enumerate(order)}
+
+
+def test_same_prompt_rewards_tell_a_worse_policy_from_the_order_prompts_were_trained_in():
+    rng = np.random.default_rng(3)
+    prompts = [f"p{i}" for i in range(40)]
+    runs = {}
+    for seed in range(3):
+        rewards = {p: float(rng.choice([0.0, 0.25, 0.75, 1.0])) for p in prompts}
+        runs[("sync", seed)] = _trained_prompts(prompts, rewards)
+        easy_first = sorted(prompts, key=lambda p: -rewards[p])  # a feeder handing on what finished first
+        runs[("reordered", seed)] = _trained_prompts(easy_first, rewards)
+        runs[("worse", seed)] = _trained_prompts(prompts, rewards, shift={4: -0.25, 5: -0.25})
+    table = same_prompt_rewards(runs, "sync", resamples=1000)
+    # reordered: its own step reward falls from easy to hard, the same prompts' under sync falls with it
+    steps = table["reordered"]
+    assert steps[0]["reward"] - steps[-1]["reward"] > 0.5
+    assert all(row["difference"] == pytest.approx(0.0) for row in steps)
+    assert steps[0]["baseline_step"] != pytest.approx(1.0)  # the order it trained them in differs from sync's
+    sync_step_reward = [np.mean([r for s, r in runs[("sync", seed)].values() if s == 1]) for seed in range(3)]
+    assert steps[0]["reward"] - np.mean(sync_step_reward) > 0.3  # the control: unpaired, it looks like a change
+    # worse: the same order, a policy that samples 0.25 worse from step 4 on
+    for row in table["worse"]:
+        low, high = row["difference_interval"]
+        if row["step"] >= 4:
+            assert row["difference"] == pytest.approx(-0.25) and high < 0
+        else:
+            assert low <= 0 <= high and row["baseline_step"] == pytest.approx(row["step"])
+    text = "\n".join(format_same_prompt_rewards(table, "sync"))
+    row = table["worse"][3]
+    assert f"{row['reward']:7.3f} {row['baseline_reward']:7.3f} {row['difference']:+7.3f}" in text
+    assert format_same_prompt_rewards({}, "sync") == []

@@ -241,6 +241,8 @@ class SeedRun:
     groups_generated: int = 0
     dropped_token_frac: list[float] = field(default_factory=list)
     token_lag: list[float] = field(default_factory=list)  # per step, policy versions (step_token_lags)
+    # trained prompt -> [step it trained at, mean reward of its group] (trained_prompt_rewards)
+    prompt_rewards: dict[str, list[float]] = field(default_factory=dict)
 
 
 def step_token_lags(steps: list[tuple[int, dict]], per_verl_step: int = 1) -> list[float]:
@@ -254,6 +256,25 @@ def step_token_lags(steps: list[tuple[int, dict]], per_verl_step: int = 1) -> li
         if lag is not None:
             per_step.setdefault((verl_step - 1) // per_verl_step, []).append(float(lag) / per_verl_step)
     return [statistics.mean(lags) for _, lags in sorted(per_step.items())]
+
+
+def trained_prompt_rewards(rollout_dir: str, per_verl_step: int = 1) -> dict[str, list[float]]:
+    """Each trained prompt's step and its group's mean reward, from verl's rollout dump (``trainer.rollout_data_dir``:
+    one JSONL per verl step, a line per trained sample); verl steps grouped ``per_verl_step`` to a step. A prompt
+    trained at two steps (a second epoch) keeps its first."""
+    scores: dict[str, dict[int, list[float]]] = {}  # prompt -> step -> its samples' scores
+    for path in glob.glob(os.path.join(rollout_dir, "*.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                sample = json.loads(line)
+                if "score" not in sample or "input" not in sample:
+                    raise ValueError(f"{path}: a rollout sample without verl's 'input' and 'score' fields: {sample}")
+                step = (int(sample["step"]) + per_verl_step - 1) // per_verl_step
+                scores.setdefault(sample["input"], {}).setdefault(step, []).append(float(sample["score"]))
+    first = {prompt: min(by_step) for prompt, by_step in scores.items()}
+    return {prompt: [first[prompt], statistics.mean(by_step[first[prompt]])] for prompt, by_step in scores.items()}
 
 
 def item_verdicts(validation_dir: str, per_verl_step: int = 1) -> dict[int, dict[str, int]]:
@@ -331,6 +352,7 @@ def train_run(cfg: LearnBenchConfig, mode: str, seed: int, knobs: dict[str, Any]
         dropped_token_frac=[float(data["pipeline/dapo/dropped_token_frac"]) for _, data in steps
                             if "pipeline/dapo/dropped_token_frac" in data],
         token_lag=step_token_lags(steps, per_verl_step),
+        prompt_rewards=trained_prompt_rewards(os.path.join(run_dir, "rollouts"), per_verl_step),
     )  # fmt: skip
     with open(os.path.join(run_dir, RUN_RECORD), "w", encoding="utf-8") as fh:
         json.dump(asdict(run), fh)
@@ -346,15 +368,20 @@ def load_run(run_dir: str) -> Optional[SeedRun]:
     record["validations"] = [Validation(**v) for v in record["validations"]]
     record["verdicts"] = {int(step): items for step, items in record["verdicts"].items()}
     run = SeedRun(**record)
-    if not run.token_lag:  # recorded before runs kept their lag: read it from the run's own metrics log
-        from verl_pipe.bench.plan import Knobs
-        from verl_pipe.plot import load_verl_metrics
-        from verl_pipe.quickstart import metrics_log_path
+    if run.token_lag and run.prompt_rewards:
+        return run
+    # recorded by an earlier version, without its lag or its prompts' rewards: read them from the run's own logs
+    from verl_pipe.bench.plan import Knobs
+    from verl_pipe.plot import load_verl_metrics
+    from verl_pipe.quickstart import metrics_log_path
 
-        log = metrics_log_path(run.run_dir)
-        if os.path.exists(log):
-            per_verl_step = verl_steps_per_step(base_mode(run.mode), Knobs(**run.knobs), pricing_minibatches())
-            run.token_lag = step_token_lags(load_verl_metrics(log), per_verl_step)
+    per_verl_step = verl_steps_per_step(base_mode(run.mode), Knobs(**run.knobs), pricing_minibatches())
+    log = metrics_log_path(run.run_dir)
+    if not run.token_lag and os.path.exists(log):
+        run.token_lag = step_token_lags(load_verl_metrics(log), per_verl_step)
+    rollouts = os.path.join(run.run_dir, "rollouts")
+    if not run.prompt_rewards and os.path.isdir(rollouts):
+        run.prompt_rewards = trained_prompt_rewards(rollouts, per_verl_step)
     return run
 
 
@@ -426,6 +453,9 @@ def analyse(cfg: LearnBenchConfig, runs: list[SeedRun], pricing: Pricing, out_di
         "analysis": analysis,
         "generation": generation_per_mode(runs, cfg),
         "token_lag": token_lag_per_mode(runs, pricing),
+        "same_prompt_rewards": learn_stats.same_prompt_rewards(
+            {(r.mode, r.seed): {p: (int(step), reward) for p, (step, reward) in r.prompt_rewards.items()}
+             for r in runs}, cfg.baseline, resamples=cfg.bootstrap),
         "out_dir": out_dir,
     }
 
@@ -502,7 +532,7 @@ def format_generation(generation: dict[str, dict[str, float]]) -> list[str]:
 
 
 def format_report(result: dict[str, Any]) -> str:
-    from verl_pipe.bench.learn_stats import format_analysis
+    from verl_pipe.bench.learn_stats import format_analysis, format_same_prompt_rewards
 
     cfg, pricing = result["config"], result["pricing"]
     minibatches = pricing_minibatches()
@@ -517,6 +547,7 @@ def format_report(result: dict[str, Any]) -> str:
         *format_analysis(result["analysis"], cfg.get("baseline", BASELINE_MODE)),
         *format_generation(result.get("generation", {})),
         *format_token_lag(result.get("token_lag", {})),
+        *format_same_prompt_rewards(result.get("same_prompt_rewards", {}), cfg.get("baseline", BASELINE_MODE)),
         f"curves: {result['png']}",
         f"report: {result['json']}",
     ]

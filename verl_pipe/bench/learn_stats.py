@@ -177,3 +177,68 @@ def format_analysis(analysis: dict[str, Any], baseline: str) -> list[str]:
             f"{100 * row['reached_share']:7.0f}% {price:>7s} {hours:>7s} {speed:>22s}"
         )
     return lines
+
+
+# --- training reward on the same prompts -----------------------------------------------------------------------
+
+PromptRewards = dict[str, tuple[int, float]]  # trained prompt -> (step it trained at, mean reward of its group)
+
+
+def same_prompt_rewards(runs: dict[tuple[str, int], PromptRewards], baseline: str, resamples: int,
+                        rng_seed: int = 0) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """Per mode against ``baseline``, per step the mode trained: its groups' reward beside the baseline's groups of
+    the same prompts (same seed), and the paired difference with a 95% bootstrap over seeds and prompts.
+
+    A step's training reward moves with the policy that sampled it and with which prompts the step trained. Pairing
+    each group with the baseline's group of the same prompt takes the second out: a mode whose feeder hands a step
+    the groups that finish first (short, easy answers) shows it as the baseline's reward on those prompts above
+    the baseline's own step, and as the mean step the baseline trained them at (``baseline_step``) away from the
+    mode's; a policy that samples worse shows it as a negative difference."""
+    rng = np.random.default_rng(rng_seed)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for mode in sorted({m for m, _ in runs if m != baseline}):
+        seeds = sorted(seed for m, seed in runs if m == mode and (baseline, seed) in runs)
+        pairs: dict[int, list[np.ndarray]] = {}  # step -> per seed: rows of (reward, baseline reward, its step)
+        for seed in seeds:
+            mine, base = runs[(mode, seed)], runs[(baseline, seed)]
+            for step in sorted({s for s, _ in mine.values()}):
+                rows = [(r, base[p][1], base[p][0]) for p, (s, r) in mine.items() if s == step and p in base]
+                pairs.setdefault(step, []).append(np.array(rows, dtype=np.float64).reshape(-1, 3))
+        out[mode] = [_paired_step(step, per_seed, rng, resamples) for step, per_seed in sorted(pairs.items())]
+    return out
+
+
+def _paired_step(step: int, per_seed: list[np.ndarray], rng: np.random.Generator, resamples: int) -> dict[str, Any]:
+    per_seed = [rows for rows in per_seed if len(rows)]
+    rows = np.concatenate(per_seed) if per_seed else np.zeros((0, 3))
+    drawn = np.empty(resamples)
+    for r in range(resamples):  # seeds with replacement, then each drawn seed's prompts with replacement
+        picked = [per_seed[i] for i in rng.integers(0, len(per_seed), size=len(per_seed))]
+        diffs = [(s[:, 0] - s[:, 1])[rng.integers(0, len(s), size=len(s))] for s in picked]
+        drawn[r] = np.concatenate(diffs).mean() if diffs else math.nan
+    return {
+        "step": step,
+        "pairs": int(len(rows)),
+        "reward": float(rows[:, 0].mean()) if len(rows) else math.nan,
+        "baseline_reward": float(rows[:, 1].mean()) if len(rows) else math.nan,
+        "difference": float((rows[:, 0] - rows[:, 1]).mean()) if len(rows) else math.nan,
+        "difference_interval": _interval(drawn) if len(rows) else [math.nan, math.nan],
+        "baseline_step": float(rows[:, 2].mean()) if len(rows) else math.nan,
+    }
+
+
+def format_same_prompt_rewards(table: dict[str, list[dict[str, Any]]], baseline: str) -> list[str]:
+    if not any(table.values()):
+        return []
+    lines = [f"training reward on the same prompts: each mode's groups against {baseline}'s groups of the same "
+             f"prompts, same seed [95% bootstrap over seeds and prompts]; '{baseline} step' is when {baseline} "
+             "trained them (the order the feeder handed them on)"]  # fmt: skip
+    for mode, rows in table.items():
+        lines.append(f"  {mode:24s} {'step':>4s} {'pairs':>5s} {'reward':>7s} {baseline:>7s} "
+                     f"{'difference [95%]':>22s} {baseline + ' step':>10s}")  # fmt: skip
+        for row in rows:
+            lo, hi = row["difference_interval"]
+            lines.append(f"  {'':24s} {row['step']:4d} {row['pairs']:5d} {row['reward']:7.3f} "
+                         f"{row['baseline_reward']:7.3f} {row['difference']:+7.3f} [{lo:+6.3f},{hi:+6.3f}] "
+                         f"{row['baseline_step']:10.2f}")  # fmt: skip
+    return lines
