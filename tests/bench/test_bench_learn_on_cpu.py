@@ -423,6 +423,9 @@ def test_a_run_recorded_without_its_lag_reads_it_from_its_metrics_log(tmp_path):
     with open(run_dir / "run.json", "w") as fh:
         json.dump(record_dict, fh)
     assert load_run(str(run_dir)).prompt_rewards == {"p0": [1, 0.5]}
+    moved = tmp_path / "kept" / "in_flight_pipeline-seed0"
+    os.renames(run_dir, moved)  # a run folder moved aside reads its logs where it is now
+    assert load_run(str(moved)).prompt_rewards == {"p0": [1, 0.5]} and load_run(str(moved)).run_dir == str(moved)
 
 
 def _rollout_dump(path, verl_step, groups):

@@ -368,6 +368,7 @@ def load_run(run_dir: str) -> Optional[SeedRun]:
     record["validations"] = [Validation(**v) for v in record["validations"]]
     record["verdicts"] = {int(step): items for step, items in record["verdicts"].items()}
     run = SeedRun(**record)
+    run.run_dir = os.path.abspath(run_dir)  # where it is now: a folder moved since keeps its logs beside its record
     if run.token_lag and run.prompt_rewards:
         return run
     # recorded by an earlier version, without its lag or its prompts' rewards: read them from the run's own logs
