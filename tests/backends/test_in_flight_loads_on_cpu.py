@@ -129,6 +129,7 @@ def test_a_request_sent_after_a_load_began_shares_no_prefix_cache_with_those_bef
 
 
 def test_a_callers_salt_is_kept_and_a_prompt_that_is_not_vllms_dict_is_refused():
-    assert salted_prompt({"prompt_token_ids": [1], "cache_salt": "tenant"}, 3)["cache_salt"] == "tenant|verl-pipe-weights-3"
+    salted = salted_prompt({"prompt_token_ids": [1], "cache_salt": "tenant"}, 3)
+    assert salted["cache_salt"] == "tenant|verl-pipe-weights-3"
     with pytest.raises(TypeError, match="salt vLLM's prompt dict"):
         salted_prompt([1, 2, 3], 0)
