@@ -5,7 +5,7 @@ verl-pipe plot RUN_DIR/metrics.jsonl [-o curves.png]   (or verl's own metrics lo
 verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
-verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 4] [--unit-s 6] [--prompts 8 --samples 4] [--rollout hf|vllm] [--lag-target 1|none] [--no-lag-match] [--out report.json]
+verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 4] [--unit-s 6] [--max-cpu-share 0.1] [--prompts 8 --samples 4] [--rollout hf|vllm] [--lag-target 1|none] [--no-lag-match] [--out report.json]
 verl-pipe bench learn [--modes sync,in_flight_pipeline] [--baseline sync] [--seeds 0,1,2] [--steps 5] [--val-every 1] [--pipeline-report report.json] [--out-dir DIR]
 verl-pipe plan [--cluster deepcoder-14b] [--gpus 32] [--gpu h100] [--model 14b] [--tp 2] [--prompts 32] [--samples 8] [--max-len 16384] [--engine today|staged] [--lag-target 1|none]
 verl-pipe data prepare deepcoder --src DIR --out DIR [--test-store PATH] | data prepare deepscaler --src FILE --out DIR
@@ -99,7 +99,7 @@ def _chaos(args: argparse.Namespace) -> int:
 
 
 def _bench_pipeline(args: argparse.Namespace) -> int:
-    from verl_pipe.bench.pipeline import BenchConfig, format_report, reread_runs, run_bench
+    from verl_pipe.bench.pipeline import BenchConfig, CPUBoundRun, format_report, reread_runs, run_bench
 
     if args.reread:
         import json
@@ -119,6 +119,7 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps,
         cooldown_steps=args.cooldown_steps,
         unit_s=args.unit_s,
+        max_cpu_share=args.max_cpu_share,
         prompts=args.prompts,
         samples=args.samples,
         seed=args.seed,
@@ -129,7 +130,10 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         lag_target=args.lag_target,
         match_verl_lag=args.match_verl_lag,
     )
-    report = run_bench(cfg)
+    try:
+        report = run_bench(cfg)
+    except CPUBoundRun as error:  # the machine, not the code: a clear line and the flag that fixes it
+        raise SetupError(str(error)) from None
     return _print_report(format_report(report), report, args.out)
 
 
@@ -339,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="steps run after the measured ones, not measured (a run's end drains a feeder)")
     pipe.add_argument("--unit-s", dest="unit_s", type=float, default=6.0,
                       help="wall seconds of one verl sync step on the modelled cluster")
+    pipe.add_argument("--max-cpu-share", dest="max_cpu_share", type=float, default=0.10,
+                      help="stop when more than this share of a run's step is unpriced CPU work (the error names "
+                      "the --unit-s that holds it)")
     pipe.add_argument("--prompts", type=int, help="the real batch's prompts per step, each request standing for "
                       "several of the cluster's (default: the profile's, " + shapes + ")")
     pipe.add_argument("--samples", type=int, help="samples per prompt (default: the profile's)")

@@ -17,7 +17,11 @@ from verl_pipe.bench.pipeline import (
     PROFILES,
     SCHEDULES,
     BenchConfig,
+    CPUBoundRun,
     UnfairComparison,
+    ProfilePlan,
+    check_cpu_share,
+    measure_on_a_clock_that_holds_the_cpu,
     check_equal_gpus,
     check_same_engine,
     compare,
@@ -188,6 +192,69 @@ def test_unpriced_cpu_work_is_taken_off_where_it_delayed_the_step():
     assert sync.unpriced_s == pytest.approx(0.7) and sync.step_s == pytest.approx(3.3 / 0.02)
 
 
+def test_a_run_that_is_mostly_the_cpus_work_stops_the_benchmark_and_names_the_unit_that_holds_it():
+    """Guards: a trainer whose real update overran its modelled one never waited for samples, and taking the overrun
+    off priced it at its modelled training alone (2026-12-02: in_flight_pipeline at 60 s a step against the model's
+    111, 52% taken off). Such a run stops the benchmark with the --unit-s that would hold the work."""
+    # per step: a 1.6 s modelled update, 2.2 s more of real work, and no wait (the case of that run)
+    overrun = _records([9.0, 3.9, 3.9, 3.9], **{"pipeline/time/gen_wait_s": 0.05,
+                                                "bench/train_modelled_wall_s": 1.6, "bench/sync_wall_s": 0.07})
+    run = summarize_run("in_flight_pipeline", "coding", 0, 0, _plan("in_flight_pipeline"), 0.02, 1, overrun,
+                        warmup_steps=2, log="run/train.log")  # fmt: skip
+    assert run.subtracted_share == pytest.approx((3.9 - 0.05 - 1.67 - 0.05) / 3.9)  # what the wait did not cover
+    with pytest.raises(CPUBoundRun, match=r"in_flight_pipeline: 55% of its measured period .* --unit-s 18 \(now 6\)"):
+        check_cpu_share(run, BenchConfig())
+    # the unit it names holds the work: at 18 the modelled update (1.6 x 18 / 6 = 4.8 s) covers the 3.7 s of real
+    # work, and the run is priced (the control: the same work inside its modelled phases passes)
+    held = _records([9.0, 5.5, 5.5, 5.5], **{"pipeline/time/gen_wait_s": 0.3, "bench/train_modelled_wall_s": 4.8,
+                                             "bench/sync_wall_s": 0.21})
+    fits = summarize_run("in_flight_pipeline", "coding", 0, 0, _plan("in_flight_pipeline"), 0.06, 1, held,
+                         warmup_steps=2, log="")  # fmt: skip
+    assert fits.subtracted_share == 0
+    check_cpu_share(fits, BenchConfig(unit_s=18))
+    check_cpu_share(run, BenchConfig(max_cpu_share=0.6))  # a laxer bound, given on purpose
+    with pytest.raises(ValueError, match="--max-cpu-share"):
+        BenchConfig(max_cpu_share=0).validate()
+
+
+def test_a_cpu_bound_benchmark_starts_again_on_the_clock_its_run_named_with_the_runs_so_far_set_aside(tmp_path):
+    out_dir = tmp_path / "bench"
+    prepared = {"math": ProfilePlan("math", "deepscaler-1.5b", time_scale=0.1)}
+    units, lines = [], []
+
+    def measure(cfg: BenchConfig) -> list:
+        units.append(cfg.unit_s)
+        (out_dir / f"run-at-{cfg.unit_s:g}").mkdir(parents=True)
+        if cfg.unit_s < 12:
+            raise CPUBoundRun("block 0 math/verl_separate_async: 37% ...", unit_s=12)
+        return ["measured"]
+
+    out_dir.mkdir()
+    cfg, results = measure_on_a_clock_that_holds_the_cpu(BenchConfig(), prepared, str(out_dir), measure, lines.append)
+    assert (units, cfg.unit_s, results) == ([6, 12], 12, ["measured"])
+    assert prepared["math"].time_scale == pytest.approx(0.2)  # the same plans on a clock twice as long
+    assert [p.name for p in out_dir.iterdir()] == ["run-at-12"]
+    assert (tmp_path / "bench-cpu-bound-at-unit-s-6" / "run-at-6").is_dir()  # set aside, not deleted
+    assert "starting again at --unit-s 12" in lines[0]
+
+    # a run still CPU-bound at the unit it named, or one that names no longer unit: the error reaches the user
+    def always_bound(cfg: BenchConfig) -> list:
+        raise CPUBoundRun("bound", unit_s=cfg.unit_s * 2)
+
+    fresh = tmp_path / "again"
+    fresh.mkdir()
+    with pytest.raises(CPUBoundRun):
+        measure_on_a_clock_that_holds_the_cpu(BenchConfig(), {}, str(fresh), always_bound, lines.append)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("again")) == [
+        "again", "again-cpu-bound-at-unit-s-12", "again-cpu-bound-at-unit-s-6"]  # fmt: skip
+
+    def names_no_longer_unit(cfg: BenchConfig) -> list:
+        raise CPUBoundRun("bound", unit_s=cfg.unit_s)
+
+    with pytest.raises(CPUBoundRun):
+        measure_on_a_clock_that_holds_the_cpu(BenchConfig(), {}, str(fresh), names_no_longer_unit, lines.append)
+
+
 def test_the_samplers_idle_for_real_cpu_work_is_taken_off_as_far_as_the_trainer_waited_for_it():
     """Guards: verl's separate_async measured slower than its model because its next batch reaches the servers
     only after real CPU work (metrics, dataloader, agent loop) that the model does in no time, while the pool
@@ -268,6 +335,11 @@ def test_the_report_pairs_blocks_and_states_a_claim_only_when_the_interval_exclu
     line = next(line for line in format_report(report).splitlines()
                 if line.strip().startswith("in_flight_pipeline is faster than verl_separate_async"))  # fmt: skip
     assert "token lag 0.90 against 0.50" in line and line.endswith("at a higher token lag: not a claim at equal lag")
+    # a report read again whose run took off more than the bound: no claim, whatever the interval
+    next(run for run in report["runs"] if run["schedule"] == "in_flight_pipeline")["subtracted_share"] = 0.3
+    line = next(line for line in format_report(report).splitlines()
+                if line.strip().startswith("in_flight_pipeline is faster than verl_separate_async"))  # fmt: skip
+    assert line.endswith("in_flight_pipeline took off more than 10% of a step as unpriced CPU work: not priced, no claim")
 
 
 def test_config_errors_name_the_problem():
@@ -305,6 +377,7 @@ def test_measured_steps_match_the_what_if_model(tmp_path, ray_cluster):
     out = tmp_path / "bench.json"
     argv = [os.path.join(os.path.dirname(sys.executable), "verl-pipe"), "bench", "pipeline", "--profiles", "math",
             "--schedules", "verl_sync,in_flight_pipeline", "--blocks", "1", "--unit-s", str(UNIT_S), "--steps", "2",
+            "--max-cpu-share", "0.5",
             "--warmup-steps", "2",
             "--no-sensitivity", "--out-dir", str(tmp_path / "runs"), "--out", str(out), "--ray-address",
             ray_cluster]  # fmt: skip
