@@ -114,7 +114,8 @@ test-fast: install
 
 # Every trainer mode (verl's sync and separate_async, our three) on a modelled GPU cluster: equal GPUs, 5 paired
 # blocks with 95% intervals at token lag <= 1, the what-if model and its sensitivity table (about 105 min on 2 cores:
-# 97 without the table, ARGS="--no-sensitivity"; docs/bench.md).
+# 97 without the table, ARGS="--no-sensitivity"; longer on a slower box, where the benchmark lengthens its clock
+# until the CPU's real work fits the modelled phases; docs/bench.md).
 bench: $(call deps_for,$(BENCH_ROLLOUT))
 	$(call bin_for,$(BENCH_ROLLOUT))/verl-pipe bench pipeline --rollout $(BENCH_ROLLOUT) \
 	  --out runs/bench_pipeline.json $(ARGS)
