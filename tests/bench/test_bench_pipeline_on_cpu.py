@@ -369,7 +369,7 @@ def test_each_profile_runs_its_own_real_batch_unless_one_is_given():
 UNIT_S = 3.0
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_measured_steps_match_the_what_if_model(tmp_path, ray_cluster):
     """Two schedules of the math profile through the CLI, one block: the real trainers' step on the modelled
     cluster is within 15% of the what-if model's expectation (the planner's prediction), in_flight's gain over
@@ -381,7 +381,9 @@ def test_measured_steps_match_the_what_if_model(tmp_path, ray_cluster):
             "--warmup-steps", "2",
             "--no-sensitivity", "--out-dir", str(tmp_path / "runs"), "--out", str(out), "--ray-address",
             ray_cluster]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=840)
+    # On a box too slow for the clock, the benchmark starts again on a longer one (2026-12-02: from unit 3 to 14,
+    # 794 s in all; about 5 min where unit 3 holds the CPU's work)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     what_if = report["profiles"]["math"]["what_if"]
