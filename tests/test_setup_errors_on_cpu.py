@@ -67,6 +67,13 @@ def test_bad_quickstart_setting_names_the_flag(capsys):
     assert "samples_per_prompt" in capsys.readouterr().err
 
 
+def test_bad_bench_pipeline_setting_is_one_line_naming_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "pipeline", "--profiles", "math", "--max-cpu-share", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max-cpu-share" in err[0] and "Traceback" not in err[0]
+
+
 def test_doctor_reports_registrations(capsys, monkeypatch):
     monkeypatch.setenv("VERL_PLATFORM", "cpu")
     assert cli.main(["doctor"]) == 0

@@ -131,6 +131,10 @@ def _bench_pipeline(args: argparse.Namespace) -> int:
         match_verl_lag=args.match_verl_lag,
     )
     try:
+        cfg.validate()
+    except ValueError as error:  # a flag's value: one line naming it, no traceback
+        raise SetupError(str(error)) from None
+    try:
         report = run_bench(cfg)
     except CPUBoundRun as error:  # the machine, not the code: a clear line and the flag that fixes it
         raise SetupError(str(error)) from None
@@ -344,8 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--unit-s", dest="unit_s", type=float, default=6.0,
                       help="wall seconds of one verl sync step on the modelled cluster")
     pipe.add_argument("--max-cpu-share", dest="max_cpu_share", type=float, default=0.10,
-                      help="stop when more than this share of a run's step is unpriced CPU work (the error names "
-                      "the --unit-s that holds it)")
+                      help="a run with more of its step than this in unpriced CPU work is not priced: the "
+                      "benchmark starts again at the longer --unit-s it needs")
     pipe.add_argument("--prompts", type=int, help="the real batch's prompts per step, each request standing for "
                       "several of the cluster's (default: the profile's, " + shapes + ")")
     pipe.add_argument("--samples", type=int, help="samples per prompt (default: the profile's)")
