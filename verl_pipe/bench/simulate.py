@@ -64,6 +64,12 @@ class Scenario:
     max_untrained: int = 0
     warmup_batches: float = 1.0  # separate_async: batches submitted ahead of the first (num_warmup_batches)
     trainer_overhead_s: float = 0.0  # modelled trainer seconds per minibatch outside the modelled phases
+    # Modelled seconds from a group's admission to its requests reaching the replicas: the driver's path (the
+    # dataloader, TransferQueue, the agent loop), for every schedule alike. 0 on a cluster's scale; on the CPU
+    # benchmark's clock it is real latency times 1 / time_scale (2026-12-02: a median 0.82 wall s, 3.9 cluster s,
+    # per refill on math at --unit-s 12), which is what this prices. A resubmission after an abort is not delayed
+    # (the benchmark takes the idle after an abort off instead).
+    admission_delay_s: float = 0.0
     # separate_async: verl's sync aborts and resubmits every request; False is a what-if, the same schedule with an
     # in-flight load instead (nothing re-prefilled): the most that loading without an abort can gain on it
     abort_on_sync: bool = True
@@ -73,8 +79,9 @@ class Scenario:
             raise ValueError(f"schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.prompts % self.minibatches:
             raise ValueError(f"prompts={self.prompts} must split into {self.minibatches} equal minibatches")
-        if self.sync_every < 0 or self.max_lag < 0 or self.max_untrained < 0 or self.warmup_batches < 0:
-            raise ValueError("sync_every, max_lag, max_untrained and warmup_batches must be >= 0")
+        if (self.sync_every < 0 or self.max_lag < 0 or self.max_untrained < 0 or self.warmup_batches < 0
+                or self.admission_delay_s < 0):  # fmt: skip
+            raise ValueError("sync_every, max_lag, max_untrained, warmup_batches and admission_delay_s must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,7 @@ class _World:
         self.version = 0.0
         self.serial = 0
         self.train_s = 0.0  # modelled seconds the trainer spent training
+        self.arriving: list[tuple[float, list[_Request]]] = []  # admitted groups on their way to the replicas
 
     @property
     def now(self) -> float:
@@ -118,11 +126,20 @@ class _World:
         self.groups[key], self.generating[key] = [], self.s.samples
         for index in range(self.s.samples):
             total = self.model.response_tokens([self.seed, key[1]], index)
-            request = _Request(total, self.model.prompt_tokens, key, self.version)
-            self.groups[key].append(request)
-            self.pool.admit(request)
+            self.groups[key].append(_Request(total, self.model.prompt_tokens, key, self.version))
         self.tokens[key] = sum(request.total for request in self.groups[key])
+        if self.s.admission_delay_s > 0:
+            self.arriving.append((self.now + self.s.admission_delay_s, self.groups[key]))
+        else:
+            for request in self.groups[key]:
+                self.pool.admit(request)
         return key
+
+    def _arrive(self, requests: list[_Request]) -> None:
+        """A delayed group reaches the replicas: it starts under the weights they hold now."""
+        for request in requests:
+            request.versions = [(0.0, self.version)]
+            self.pool.admit(request)
 
     def admit(self, step: int) -> list[Key]:
         return [self.admit_group(step) for _ in range(self.s.prompts)]
@@ -136,6 +153,13 @@ class _World:
         self.scored_at[key] = max(self.scored_at.get(key, 0.0), done)
 
     def advance_to(self, when: float) -> None:
+        while self.arriving and self.arriving[0][0] <= when + 1e-9:  # in admission order, so in arrival order
+            at, requests = self.arriving.pop(0)
+            self._advance_pool_to(at)
+            self._arrive(requests)
+        self._advance_pool_to(when)
+
+    def _advance_pool_to(self, when: float) -> None:
         while self.now < when - 1e-9:
             for request in self.pool.advance(min(when - self.now, self.pool.time_to_next_finish())):
                 self._finished(request)
@@ -143,7 +167,9 @@ class _World:
     def _next_event(self) -> None:
         """Advance to the next request that finishes or reward that ends, whichever is first."""
         rewards = [t for key, t in self.scored_at.items() if t > self.now + 1e-9 and key in self.groups]
-        target = min(self.now + self.pool.time_to_next_finish(), min(rewards, default=math.inf))
+        arrivals = [at for at, _ in self.arriving[:1]]
+        target = min(self.now + self.pool.time_to_next_finish(), min(rewards, default=math.inf),
+                     min(arrivals, default=math.inf))  # fmt: skip
         if math.isinf(target):
             raise RuntimeError("the simulated schedule waits for a pool with nothing running")
         self.advance_to(target)
