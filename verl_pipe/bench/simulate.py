@@ -165,7 +165,8 @@ class _World:
                 self._finished(request)
 
     def _next_event(self) -> None:
-        """Advance to the next request that finishes or reward that ends, whichever is first."""
+        """Advance to the next request that finishes, reward that ends or delayed group that arrives, whichever is
+        first."""
         rewards = [t for key, t in self.scored_at.items() if t > self.now + 1e-9 and key in self.groups]
         arrivals = [at for at, _ in self.arriving[:1]]
         target = min(self.now + self.pool.time_to_next_finish(), min(rewards, default=math.inf),
