@@ -147,3 +147,56 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", f"left in {_SHM} by this session")
         for name, test in sorted(left.items()):
             terminalreporter.write_line(f"{name}: first seen after {test}")
+
+
+# A failed test is described the moment it fails, with the machine's state, not only in the session's summary: a
+# CI run stopped at its time limit prints no summary, and its tail is all that is left to read (2026-12-02: a run
+# stopped at 5400 s after ten end-to-end failures in a row, with nothing to say why).
+FAILURE_TAIL_LINES = 40
+_terminal_reporter = None
+
+
+def _machine_state() -> str:
+    """Memory available, /dev/shm in use and the live Ray workers: what a run of cascading failures points at."""
+    parts = []
+    try:
+        with open("/proc/meminfo") as fh:
+            meminfo = dict(line.split(":", 1) for line in fh)
+        parts.append(f"MemAvailable {int(meminfo['MemAvailable'].split()[0]) // 1024} MiB")
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        shm = os.statvfs(_SHM)
+        parts.append(f"{_SHM} used {(shm.f_blocks - shm.f_bfree) * shm.f_frsize // 2**20} MiB")
+    except OSError:
+        pass
+    ray_processes = 0
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                ray_processes += fh.read(64).startswith(b"ray::")
+        except OSError:
+            continue
+    parts.append(f"{ray_processes} ray:: processes alive")
+    return "; ".join(parts)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report):
+    if not report.failed:
+        return
+    reporter = _terminal_reporter
+    if reporter is None:
+        return
+    lines = report.longreprtext.splitlines()[-FAILURE_TAIL_LINES:]
+    reporter.write_line("")
+    reporter.write_sep("!", f"FAILED ({report.when}, {report.duration:.0f} s) {report.nodeid}")
+    for line in lines:
+        reporter.write_line(line)
+    reporter.write_sep("!", _machine_state())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    global _terminal_reporter
+    _terminal_reporter = session.config.pluginmanager.get_plugin("terminalreporter")
