@@ -161,9 +161,9 @@ def _machine_state() -> str:
     parts = []
     try:
         with open("/proc/meminfo") as fh:
-            meminfo = dict(line.split(":", 1) for line in fh)
-        parts.append(f"MemAvailable {int(meminfo['MemAvailable'].split()[0]) // 1024} MiB")
-    except (OSError, KeyError, ValueError):
+            available_kib = next(int(line.split()[1]) for line in fh if line.startswith("MemAvailable:"))
+        parts.append(f"MemAvailable {available_kib // 1024} MiB")
+    except (OSError, StopIteration):
         pass
     try:
         shm = os.statvfs(_SHM)
