@@ -5,7 +5,9 @@ before it reaches Ray, and a benchmark of fifty short runs pays that fifty times
 then, for each job, composes the overrides as main_ppo's Hydra entry point does, runs main_ppo's own body with
 the job's output in the job's log, and disconnects from Ray (``ray.shutdown``), which ends the job: Ray frees every
 actor it owned, as when a driver process exits. A job that outlives its timeout takes the child with it (its
-process group is killed); the next job starts a fresh one. Used by the pipeline benchmark.
+process group is killed); the next job starts a fresh one. The child dies with its parent (a benchmark killed
+with SIGKILL, as a test's timeout does): its job's actors must not go on running on a shared cluster unwatched.
+Used by the pipeline benchmark.
 
 The child speaks JSON lines: a job on its stdin, the job's exit code on the pipe the parent passed it.
 """
@@ -41,7 +43,7 @@ class WarmDriver:
     def _start(self) -> None:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ, VERL_PLATFORM="cpu", TOKENIZERS_PARALLELISM="false")
-        argv = [sys.executable, "-m", __name__, str(write_fd)]
+        argv = [sys.executable, "-m", __name__, str(write_fd), str(os.getpid())]
         self._child = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL, pass_fds=(write_fd,), start_new_session=True,
                                        text=True)  # fmt: skip
@@ -147,7 +149,24 @@ def _run_job(overrides: list[str], run_dir: str, log: str, env: dict[str, str]) 
     return rc
 
 
-def _serve(result_fd: int) -> None:
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the parent that started it dies (Linux; elsewhere nothing). This process is the
+    verl job's Ray driver, so its death ends the job: Ray frees every actor the job owned."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent was gone before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _serve(result_fd: int, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
     started = time.monotonic()
     import verl.trainer.main_ppo  # noqa: F401 - the import this process exists to pay once
 
@@ -166,4 +185,4 @@ def _serve(result_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]))
