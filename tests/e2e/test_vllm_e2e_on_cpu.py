@@ -260,37 +260,32 @@ def test_sync_mode_trains_with_vllm_and_syncs_weights(tmp_path, ray_cluster, ver
     _assert_validation_ran_smollm2s_code(str(tmp_path / "sync"), val_dir)
 
 
-def test_separate_async_syncs_over_gloo_into_vllm(tmp_path, ray_cluster, verl_runner, tail_of):
-    """Separate pools (hybrid_engine=False): the plugin's gloo checkpoint engine feeds verl's ServerAdapter in the
-    rollout pool, which loads the weights into a vLLM engine that started from dummy weights (load_format=dummy).
-    verl's sync aborts the engine's in-flight requests and resumes them after the load (partial rollout). Step 1
-    samples with the weights of the first sync (staleness 0) and must agree with the actor; later steps sample
-    one version behind by design, so the probe shows their syncs reached the engine."""
-    probe = str(tmp_path / "vllm_sync_probe.jsonl")
-    rc, steps, log = _run(tmp_path, ray_cluster, verl_runner, "separate_async", [f"+{PROBE_ENV_OVERRIDE}={probe}"])
-    assert rc == 0, tail_of(log)
-    first, *later = _records(steps, log, tail_of)
-    _assert_engine_serves_the_trainers_weights(first)
-    assert all(data["training/off_policy/trajectory_staleness/max"] == 1 for data in later), later
-    _assert_every_sync_changed_the_engine(probe, at_least=STEPS)
-
-
-def test_a_sync_aborts_vllms_in_flight_requests_and_verl_resumes_them(
+def test_separate_async_syncs_over_gloo_and_aborts_vllms_in_flight_requests_which_verl_resumes(
     tmp_path, ray_cluster, verl_runner, tail_of, report_measurement
 ):
-    """Abort and resume of in-flight requests, as on a GPU: verl's weight sync pauses the engine with
+    """verl's separate_async on separate pools (hybrid_engine=False): the plugin's gloo checkpoint engine feeds
+    verl's ServerAdapter in the rollout pool, which loads the weights into a vLLM engine that started from dummy
+    weights (load_format=dummy). Step 1 samples with the weights of the first sync (staleness 0) and must agree
+    with the actor; every sync reached the engine (the probe).
+
+    Abort and resume of in-flight requests, as on a GPU: verl's weight sync pauses the engine with
     ``pause_generation(mode="abort")``, loads the weights and resumes; the agent loop resubmits each aborted
     request with the tokens it already has (partial rollout), and the sample records both versions. One request at
     a time (``max_num_seqs=1``) and longer answers make the next batch's generation outlast a training step, so a
     sync must land while requests run: some trained sample then spans two policy versions, and the engine prefilled
-    the answer of each resubmitted request again (the prefill log's control: it sees a re-prefill)."""
+    the answer of each resubmitted request again (the prefill log's control: it sees a re-prefill). (One run for
+    both: each vLLM run costs minutes of the suite.)"""
+    probe = str(tmp_path / "vllm_sync_probe.jsonl")
     prefill_log = str(tmp_path / "prefill.jsonl")
     rc, steps, log = _run(
         tmp_path, ray_cluster, verl_runner, "separate_async",
-        [f"+{PREFILL_LOG_OVERRIDE}={prefill_log}", *SYNC_INSIDE_ANSWERS_OVERRIDES], demo_args=SYNC_INSIDE_ANSWERS,
+        [f"+{PROBE_ENV_OVERRIDE}={probe}", f"+{PREFILL_LOG_OVERRIDE}={prefill_log}", *SYNC_INSIDE_ANSWERS_OVERRIDES],
+        demo_args=SYNC_INSIDE_ANSWERS,
     )  # fmt: skip
     assert rc == 0, tail_of(log)
     records = _records(steps, log, tail_of, expected=3, validated_at=())
+    _assert_engine_serves_the_trainers_weights(records[0])
+    _assert_every_sync_changed_the_engine(probe, at_least=3)
     assert max(data["training/off_policy/trajectory_spans/max"] for data in records) >= 2, [
         {k: v for k, v in data.items() if k.startswith("training/off_policy")} for data in records
     ]
