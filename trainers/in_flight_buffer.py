@@ -4,9 +4,12 @@ Each prompt group is tagged (verl's ``global_steps`` prompt tag) with its *deadl
 it without any of its tokens lagging more than the lag bound (:mod:`.ray_trainer_in_flight` sets it at
 submission). A step takes whole finished groups, earliest deadline first, then the longest, one minibatch at a
 time; its last minibatch waits while any group due at this step is still generating, so a long response is
-waited for, never starved, and the step records it as held back. A finished group already past its deadline
-(none should be: the trainer admits no more prompts than the steps up to their deadlines can train) is dropped,
-and counted.
+waited for, never starved, and the step records it as held back. A group that a load between the step's updates
+reached while it generated (a token newer than the step's pi_old: a lag below zero) comes last: the trainer holds
+such a load until the groups already finished can fill the rest of the step (:mod:`.ray_trainer_in_flight`), so
+the step takes those, and the newer group trains at a later step, whose pi_old is at least as new. A finished
+group already past its deadline (none should be: the trainer admits no more prompts than the steps up to their
+deadlines can train) is dropped, and counted.
 
 verl builds it from its name in verl's custom-sampler slot (:mod:`.sampler_slot`); no trainer module imports it
 (see :mod:`.replay_buffer`).
@@ -26,6 +29,9 @@ class InFlightReplayBuffer(PipelineReplayBuffer):
         self.later_capacity = 0
         self.held_back: set[str] = set()  # groups a ready step waited for (due now, still generating)
         self.dropped: set[str] = set()  # finished groups evicted past their deadline
+        # Set by the trainer per minibatch: the version of the step's pi_old (frozen across its minibatches), which
+        # no trained token may be newer than. None: no step has begun.
+        self.trainer_version: float | None = None
 
     def _oldest_batch(self, partition_id, keys):
         return keys  # groups of any submission may train together; deadlines order them
@@ -35,6 +41,27 @@ class InFlightReplayBuffer(PipelineReplayBuffer):
         steps = self.prompt_global_steps[partition_id]
         generating = self.pending_keys[partition_id] | self.running_keys[partition_id]
         return {uid for uid in generating if steps.get(uid, global_steps) <= global_steps}
+
+    def newer_than_pi_old(self, partition_id: str = "train") -> set[str]:
+        """Groups with a stored sample whose freshest token came from weights newer than the step's pi_old (as of the
+        last TransferQueue read)."""
+        if self.trainer_version is None:
+            return set()
+        return {key.split("_")[0] for key, tag in self.partitions[partition_id].items()
+                if float(tag.get("max_global_steps", -1)) > self.trainer_version + 1e-9}  # fmt: skip
+
+    def ready_for_this_step(self, partition_id: str = "train") -> int:
+        """Finished groups not taken yet that the current step may train: none of their tokens is newer than its
+        pi_old (as of the last TransferQueue read)."""
+        return len(self.finished_keys[partition_id] - self.newer_than_pi_old(partition_id))
+
+    def _selection_key(self, partition_id, steps, tokens):
+        base = super()._selection_key(partition_id, steps, tokens)
+        if partition_id == "val":
+            return base
+        # the groups too new for this step's pi_old last: taken only when nothing else can fill the minibatch
+        newer = self.newer_than_pi_old(partition_id)
+        return lambda uid: (uid in newer, *base(uid))
 
     def _has_enough_samples(self, global_steps, partition_id, batch_size, sampleable_keys):
         if partition_id == "val":

@@ -11,9 +11,11 @@ groups, pi_old frozen across them, so a step's first minibatches train while its
 With ``trainer.v1.in_flight_pipeline.load_every_update`` (on by default for the hf server, which receives the
 weights beside decoding) each minibatch update's weights are loaded too, as PipelineRL loads every optimizer
 step's: after the m-th of a step's M updates the sampler runs v_{k-1} + m / M, so the batches generating for the
-next steps lag less. Such a load waits for the step's own groups: while any group due at this step still generates
-(its tokens would come from weights newer than the pi_old that trains them) it is held until the next minibatch's
-groups have been taken; with nothing generating it is skipped.
+next steps lag less. Such a load waits until the rest of the step can be trained without it: while a group due
+at this step still generates, or the groups already finished cannot fill the step's later minibatches, it is held
+until the next minibatch's groups have been taken (a group it reached while generating has tokens newer than the
+pi_old of the step, a lag below zero; the replay buffer takes such groups last); with nothing generating it is
+skipped.
 
 The lag bound (``trainer.v1.in_flight_pipeline.max_lag``, L, default 1) is enforced by deadlines, per token: a
 group submitted while the sampler serves v_s may train no later than step s + 1 + L (the trainer then holds
@@ -93,12 +95,13 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         ("on_train_begin", "restore the counters from the checkpoint, admit the first batches, start the feeder"),
         ("prepare_step", "raise a feeder failure here, on the trainer's thread; nothing is submitted per step"),
         ("on_sample_begin", "the step's last minibatch waits for every group due now; earlier ones take what is "
-         "ready, if the due groups they leave fit in the minibatches after them"),
+         "ready, if the due groups they leave fit in the minibatches after them; groups newer than pi_old last"),
         ("on_sample_end", "count the groups taken; send a minibatch load that waited for them to finish"),
         ("_balance_batch", "drop the samples the filters refuse, before any log-prob"),
         ("_update_actor", "skip an update left with nothing to train"),
         ("_step_once", "after each minibatch update but the step's last: load its weights into the running "
-         "batches, unless a group due now still generates (then on_sample_end sends it)"),
+         "batches, unless a group due now still generates or the finished ones cannot fill the step (then "
+         "on_sample_end sends it)"),
         ("_save_checkpoint", "hold the feeder while the dataloader's state is saved; a failed save stops the run"),
         ("on_step_end", "load v_k into the running batches, aborting nothing; at lag 0 the next batch starts now"),
         ("on_validate_begin", "lend the trainer's cores to the sampler pool, which validates"),
@@ -272,8 +275,8 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         super().on_sample_begin()
         # A step's last minibatch waits for every group due at this step; earlier ones take what is ready, as long
         # as the due groups they leave fit in the minibatches after them.
-        minibatch = int(self.config.data.train_batch_size) // self.parameter_sync_step
-        self.replay_buffer.later_capacity = minibatch * (self.parameter_sync_step - 1 - self.local_trigger_step)
+        self.replay_buffer.later_capacity = self._places_left_in_step()
+        self.replay_buffer.trainer_version = self.global_steps - 1  # pi_old, frozen across the step's minibatches
 
     def on_sample_end(self):
         super().on_sample_end()
@@ -293,15 +296,22 @@ class InFlightPipelineTrainer(PipelinedTrainer):
             self._load_update()
         return batch
 
+    def _places_left_in_step(self) -> int:
+        """Groups the step's minibatches after the current one will take."""
+        minibatch = int(self.config.data.train_batch_size) // self.parameter_sync_step
+        return minibatch * (self.parameter_sync_step - 1 - self.local_trigger_step)
+
     def _version_after_update(self) -> float:
         """The trainer's weights after this minibatch update: v_{k-1} + m / M after the m-th of a step's M."""
         return (self.global_steps - 1) + (self.local_trigger_step + 1) / self.parameter_sync_step
 
     def _load_update(self, inside_gen_timer: bool = False) -> None:
-        """Send the latest minibatch update's weights to the sampler, once no group due at this step generates (it
-        would sample from weights newer than the pi_old that trains it): until then it waits, and the next
-        minibatch's sampling, which has those groups, tries again. With nothing generating there is nothing to load
-        into; the step's own sync supersedes a load still waiting at its end."""
+        """Send the latest minibatch update's weights to the sampler once the rest of the step can be trained without
+        them: no group due at this step generates, and the groups already finished can fill the step's later
+        minibatches. Every group still generating then trains at a later step; loaded now, its tokens would be newer
+        than this step's pi_old (a lag below zero) if this step took it. Until then the load waits, and the next
+        minibatch's sampling tries again. With nothing generating there is nothing to load into; the step's own
+        sync supersedes a load still waiting at its end."""
         if self._unsent_update is None:
             return
         if self.replay_buffer.inflight_count() == 0:  # re-reads TransferQueue
@@ -309,6 +319,8 @@ class InFlightPipelineTrainer(PipelinedTrainer):
             self._update_loads["skipped"] += 1
             return
         if self.replay_buffer.due_in_flight(self.global_steps, "train"):
+            return
+        if self.replay_buffer.ready_for_this_step() < self._places_left_in_step():
             return
         version, self._unsent_update = self._unsent_update, None
         self._sync_weights(version, inside_gen_timer=inside_gen_timer)

@@ -165,12 +165,16 @@ class PipelineReplayBuffer(ReplayBufferAsync):
         tokens: Counter = Counter()
         for key, tag in partition.items():
             tokens[key.split("_")[0]] += int(tag.get("response_len", 0))
-        ordered = sorted(sampleable_keys, key=lambda uid: (steps.get(uid, 0), -tokens[uid], uid))
+        ordered = sorted(sampleable_keys, key=self._selection_key(partition_id, steps, tokens))
         selected = ordered[:batch_size]
         if self.dynamic_sampling is not None:  # uniform groups past the step's refill budget, trained as they are
             cache = self._dapo_classification_cache[partition_id]
             self.dynamic_sampling.kept_uniform += sum(cache.get(uid) is not None for uid in selected)
         return selected, partition, steps
+
+    def _selection_key(self, partition_id: str, steps: dict, tokens: Counter):
+        """The order in which a minibatch takes ready groups: its batch's tag first, then the most response tokens."""
+        return lambda uid: (steps.get(uid, 0), -tokens[uid], uid)
 
     def inflight_count(self, partition_id: str = "train") -> int:
         """Prompt groups submitted and not yet finished (re-reads TransferQueue)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -116,12 +117,16 @@ def buffer():
     return built
 
 
-def _state(buffer, deadlines: dict[str, int], generating=(), tokens=None):
+def _state(buffer, deadlines: dict[str, int], generating=(), tokens=None, versions=None):
+    """What TransferQueue holds: each group's deadline, the ones still generating, and of each finished group one
+    sample with its response tokens and the version of its freshest token (``versions``; default 1)."""
     buffer.prompt_global_steps["train"] = dict(deadlines)
     buffer.running_keys["train"] = set(generating)
     buffer.finished_keys["train"] = set(deadlines) - set(generating)
     buffer.partitions["train"] = {
-        f"{uid}_0_0": {"response_len": (tokens or {}).get(uid, 1)} for uid in deadlines if uid not in generating
+        f"{uid}_0_0": {"response_len": (tokens or {}).get(uid, 1), "max_global_steps": (versions or {}).get(uid, 1.0)}
+        for uid in deadlines
+        if uid not in generating
     }
 
 
@@ -167,9 +172,11 @@ class _Loads:
         self.versions.append(version)
 
 
-def _trainer_after_update(buffer, update: int, updates: int = 2, step: int = 2):
+def _trainer_after_update(buffer, update: int, updates: int = 2, step: int = 2, minibatch: int = 2):
     trainer = InFlightPipelineTrainer.__new__(InFlightPipelineTrainer)
     buffer._sync_metadata_from_transfer_queue = lambda: None  # the state _state() set is what TransferQueue holds
+    buffer.trainer_version = step - 1  # on_sample_begin sets it: the step's pi_old
+    trainer.config = SimpleNamespace(data=SimpleNamespace(train_batch_size=minibatch * updates))
     trainer.replay_buffer, trainer.global_steps = buffer, step
     trainer.local_trigger_step, trainer.parameter_sync_step = update, updates
     trainer._update_loads = {"sent": 0, "skipped": 0}
@@ -188,6 +195,7 @@ def test_a_minibatch_updates_weights_load_once_the_steps_own_groups_have_generat
     assert trainer._sync_weights.versions == [] and trainer._unsent_update == 1.5
     # the next minibatch has taken "due": only the next step's groups generate, and go on under v1 + 1/2
     _state(buffer, {"a": 2, "due": 2, "next": 3}, generating=["next"])
+    trainer.local_trigger_step = 1  # its on_sample_end
     trainer._load_update(inside_gen_timer=True)
     assert trainer._sync_weights.versions == [1.5] and trainer._update_loads == {"sent": 1, "skipped": 0}
     trainer._load_update()  # sent once
@@ -197,11 +205,49 @@ def test_a_minibatch_updates_weights_load_once_the_steps_own_groups_have_generat
     trainer = _trainer_after_update(buffer, update=0)
     trainer._load_update()
     assert trainer._sync_weights.versions == [] and trainer._update_loads == {"sent": 0, "skipped": 1}
-    # a step of 4 updates: after its third, v1 + 3/4
-    _state(buffer, {"next": 3}, generating=["next"])
+    # a step of 4 updates: after its third, v1 + 3/4 (the last minibatch's 2 groups have finished already)
+    _state(buffer, {"r1": 3, "r2": 3, "next": 3}, generating=["next"])
     trainer = _trainer_after_update(buffer, update=2, updates=4)
     trainer._load_update()
     assert trainer._sync_weights.versions == [1.75]
+
+
+def test_a_minibatch_load_waits_until_the_finished_groups_can_fill_the_rest_of_the_step(buffer):
+    """Guards: a load between a step's updates reaching groups that the same step then trains: their tokens come
+    from weights newer than the step's pi_old, a lag below zero (measured 2026-12-06 on the math benchmark's
+    in_flight_pipeline: a step in nine had a token lag min of -0.5). No group due now generates here, which was
+    the whole rule before; the control is the same state with enough groups finished."""
+    # after the first of 2 updates: the last minibatch takes 2 groups, only "r1" has finished; "n1", "n2" generate
+    _state(buffer, {"r1": 3, "n1": 3, "n2": 3}, generating=["n1", "n2"])
+    trainer = _trainer_after_update(buffer, update=0)
+    trainer._load_update()
+    assert trainer._sync_weights.versions == [] and trainer._unsent_update == 1.5  # held
+    # the control: "r2" has finished too, so the last minibatch can be filled from groups of v1 only
+    _state(buffer, {"r1": 3, "r2": 3, "n1": 3}, generating=["n1"])
+    trainer._load_update()
+    assert trainer._sync_weights.versions == [1.5]
+    # a group that finished after the load (its last tokens from v1.5) is not what the step counts as ready
+    _state(buffer, {"r1": 3, "late": 3, "n1": 3}, generating=["n1"], versions={"late": 1.5})
+    assert buffer.ready_for_this_step() == 1
+    trainer = _trainer_after_update(buffer, update=0)
+    trainer._load_update()
+    assert trainer._sync_weights.versions == []
+
+
+def test_a_group_newer_than_the_steps_pi_old_is_taken_last(buffer):
+    """Guards: the step's minibatch taking a long group a load reached while it generated (tokens of v1.5 trained
+    against pi_old v1) before groups of v1 that fill it as well. Only when nothing else can fill the minibatch is
+    the newer group taken. The control: with the trainer at v2 (the next step) it is an ordinary group again."""
+    deadlines = {"short1": 3, "short2": 3, "newer": 3}
+    _state(buffer, deadlines, tokens={"newer": 90, "short1": 5, "short2": 4}, versions={"newer": 1.5})
+    buffer.trainer_version = 1
+    chosen, _, _ = buffer._select_prompt_uids("train", buffer.finished_keys["train"], 2)
+    assert chosen == ["short1", "short2"]  # not the longest first, as it would be otherwise
+    chosen, _, _ = buffer._select_prompt_uids("train", buffer.finished_keys["train"], 3)
+    assert chosen[-1] == "newer"  # the minibatch needs it
+    buffer.trainer_version = 2
+    chosen, _, _ = buffer._select_prompt_uids("train", buffer.finished_keys["train"], 2)
+    assert chosen == ["newer", "short1"]
 
 
 def test_update_loads_are_on_where_the_server_stages_them():

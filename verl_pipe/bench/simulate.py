@@ -20,7 +20,9 @@ What each schedule does, as the real modes do it (``M`` minibatch updates per st
   minibatch (a place the trainer frees is refilled at once: the real feeder polls); each minibatch takes scored
   groups earliest deadline first (then the longest), and waits while the due groups it would leave do not fit the
   step's later minibatches. New weights load between decode steps without aborting anything: after every
-  minibatch update with ``load_every_update``, else once a step.
+  minibatch update with ``load_every_update``, else once a step. A load between a step's updates waits, as the
+  trainer's does, until no group due at this step generates and the groups already scored can fill the step's
+  later minibatches; they take groups it reached (tokens newer than the step's pi_old) last.
 * ``separate_async`` (verl): ``warmup_batches`` ahead (verl's ``num_warmup_batches``, one by default; a fraction
   is a share of a batch); each step submits a batch; each minibatch takes the oldest scored groups of any batch;
   every ``sync_every`` updates the sync aborts every request in the pool, holds it for the transfer, and
@@ -38,10 +40,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from verl_pipe.bench.latency import LatencyModel
-from verl_pipe.bench.replica_model import ModelledRequest, PoolSim, _run_under
+from verl_pipe.bench.replica_model import _DONE, ModelledRequest, PoolSim, _run_under
 
 SCHEDULES = ("sync", "separate_async", "one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline")
 Key = tuple[int, int]  # (deadline step, serial number of the group)
@@ -229,6 +231,14 @@ class _World:
         self.train_s += seconds
         self.advance_to(self.now + seconds)
 
+    def newest_version(self, key: Key) -> float:
+        """The newest version that decoded a token of the group so far."""
+        newest = -math.inf
+        for request in self.groups[key]:
+            points = request.versions + [(float(request.decoded), None)]
+            newest = max([newest] + [v for (start, v), (end, _) in zip(points, points[1:]) if end > start + _DONE])
+        return newest
+
     def token_lag(self, keys: list[Key], pi_old: float) -> tuple[float, float]:
         lag = tokens = 0.0
         for key in keys:
@@ -315,6 +325,24 @@ def _in_flight(w: _World, steps: int, record: Record) -> None:
     feed()
     for step in range(1, steps + 1):
         taken: list[Key] = []
+        unsent: Optional[float] = None  # a minibatch update's weights, held (the trainer's _load_update)
+
+        def newer(key: Key, step=step) -> bool:  # a token from weights newer than the step's pi_old
+            return w.newest_version(key) > step - 1 + _DONE
+
+        def load_if_the_step_is_covered(later: int, step=step, taken=taken) -> None:
+            """Send the held load once no group due now generates and scored groups can fill the later minibatches."""
+            nonlocal unsent
+            if unsent is None:
+                return
+            rest = [k for k in untrained if k not in taken]
+            if any(k[0] <= step and not w.ready(k) for k in rest):
+                return
+            if sum(1 for k in rest if w.ready(k) and not newer(k)) < later:
+                return
+            version, unsent = unsent, None
+            w.load(version)
+
         for minibatch in range(w.s.minibatches):
             later = per * (w.s.minibatches - 1 - minibatch)  # what the step's later minibatches still take
 
@@ -323,18 +351,20 @@ def _in_flight(w: _World, steps: int, record: Record) -> None:
                 return len(due_left) <= later
 
             keys = _take(w, per, lambda: [k for k in untrained if k not in taken],
-                         order=lambda k: (k[0], -w.tokens[k]), may_take=leaves_room)  # fmt: skip
+                         order=lambda k: (newer(k), k[0], -w.tokens[k]), may_take=leaves_room)  # fmt: skip
             untrained.difference_update(keys)
             at.update(next_step=step, taken_this_step=len(taken) + len(keys))  # taken before the update trains
             if minibatch == w.s.minibatches - 1:
                 at.update(next_step=step + 1, taken_this_step=0)
             feed()  # the feeder sees the taken groups' places while the update runs
+            load_if_the_step_is_covered(later)  # one held since the last update: its groups are taken now
             w.train(keys)
             taken += keys
             feed()
             if w.s.load_every_update and minibatch < w.s.minibatches - 1:
-                w.load(step - 1 + (minibatch + 1) / w.s.minibatches)
-        w.load(float(step))
+                unsent = step - 1 + (minibatch + 1) / w.s.minibatches
+                load_if_the_step_is_covered(later)
+        w.load(float(step))  # supersedes a load still held
         synced = step
         feed()
         record(step, taken, step - 1)
