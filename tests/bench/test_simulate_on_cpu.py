@@ -176,3 +176,36 @@ def test_the_drivers_admission_latency_delays_every_schedules_groups_and_freshen
     what_if = scenario(MATH, TODAY, "in_flight_pipeline", clusters.split(MATH, 4), steady, PROMPTS, SAMPLES)
     with pytest.raises(ValueError, match="admission_delay_s"):
         replace(what_if, admission_delay_s=-1.0)
+
+
+def test_no_group_a_step_trains_holds_a_token_newer_than_its_pi_old():
+    """Guards: a load between a step's updates reaching groups the same step then trains (a token lag below zero),
+    as the trainer's rule before 2026-12-06 allowed. Four minibatches a step, where the model shows it. The
+    control: the same steps, with the model blind to which groups a load reached (it neither holds the load nor
+    takes those groups last), train groups half a version newer than their pi_old."""
+    from verl_pipe.bench import simulate as sim
+
+    steady = Knobs(load_every_update=True, max_lag=2, untrained_batches=1.25)
+    what_if = replace(scenario(MATH, TODAY, "in_flight_pipeline", clusters.split(MATH, 4), steady, PROMPTS, SAMPLES),
+                      minibatches=4)  # fmt: skip
+    newest = sim._World.newest_version
+
+    def newest_trained(blind: bool) -> list[float]:
+        """Per seed, the most any trained group's newest token was ahead of its step's pi_old."""
+        ahead = []
+        for seed in range(4):
+            world = sim._World(what_if, seed)
+            if blind:
+                world.newest_version = lambda key: -1.0
+            worst = [-1.0]
+
+            def record(step, keys, pi_old, world=world, worst=worst):
+                worst[0] = max([worst[0]] + [newest(world, key) - pi_old for key in keys])
+                world.forget(keys)
+
+            sim._in_flight(world, 10, record)
+            ahead.append(worst[0])
+        return ahead
+
+    assert max(newest_trained(blind=False)) <= 0
+    assert max(newest_trained(blind=True)) == 0.5
