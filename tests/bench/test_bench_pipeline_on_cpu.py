@@ -368,7 +368,8 @@ def test_each_profile_runs_its_own_real_batch_unless_one_is_given():
 
 UNIT_S = 3.0
 # A measured step costs ~2.5 wall s a schedule at this clock; the runs' start-up costs ~60. At 2 steps one step that
-# waited on the sampler moved a mean by 15% (CI, 2026-12-06: in_flight's steps 38.9 and 57.3 s, the model's 42.1).
+# waited on the sampler moved a mean by 15% (a clean-clone .ci/run here, 2026-12-06: in_flight's steps 38.9 and
+# 57.3 s, the model's 42.1).
 MEASURED_STEPS = 4
 
 
@@ -401,7 +402,8 @@ def test_measured_steps_match_the_what_if_model(tmp_path, ray_cluster):
     # The pipelining itself, paired on the same seed: in_flight is faster than verl_sync by at least a third of the
     # speed-up the model predicts (1.34x with the steady load: at least 1.11x). Without overlap, 4 + 4 GPUs take the
     # sum of its phases: ~0.7x (by the model). measured at 2 steps: 1.30x, 1.22x; 2026-12-06: 1.46x, 1.30x, 1.17x
-    # (the last one's 57 s step: half the predicted gain, the bound before, failed CI by 0.006).
+    # (the last one's 57 s step: half the predicted gain, the bound before, failed a clean-clone run here by
+    # 0.006).
     gain = runs["verl_sync"]["step_s"] / runs["in_flight_pipeline"]["step_s"]
     predicted = what_if["verl_sync"]["step_s"] / what_if["in_flight_pipeline"]["step_s"]
     assert gain > 1 + (predicted - 1) / 3, (gain, predicted)

@@ -96,9 +96,10 @@ GAE_WITH_CRITIC = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_p
 
 
 # The V1 run is also the GAE one (the critic trains on both ranks): a run of its own cost ~55 s of the suite's
-# budget. A 1-rank V1 run syncs in the learning and GRPO+ tests (each checks the rollout's log-probs against the
-# actor's after every sync at a rate that moves the policy); legacy runs 1 rank in the GRPO+ and reward-manager
-# tests. (legacy-1rank had its own run here; it went to pay for the learning tests' budget.)
+# budget. A 1-rank V1 run's rollout log-probs are checked against the actor's after every sync in the
+# quickstart test above and in the in-flight lag-0 test (the session's GRPO+ sync run, at a rate that moves
+# the policy); legacy runs 1 rank in the GRPO+ and reward-manager tests. (legacy-1rank had its own run here; it
+# went to pay for the learning tests' budget.)
 @pytest.mark.parametrize(
     "trainer,ranks,extra",
     [("v1", 2, GAE_WITH_CRITIC), ("legacy", 2, [])],
