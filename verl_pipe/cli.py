@@ -6,7 +6,7 @@ verl-pipe baseline [--model smollm2] [--samples 4] [--temperature 1.0]
 verl-pipe eval --model smollm2|tiny|PATH | --generations FILE [--data PATH [--config lcbv5] | --humaneval] [--k 1,4] [--lcb-window START:END] [--codeforces FILE] [--out report.json]
 verl-pipe bench reward [--programs 120] [--peer-programs 24] [--concurrency N] [--out report.json]
 verl-pipe bench pipeline [--profiles coding,math] [--schedules ...] [--blocks 5] [--steps 4] [--unit-s 6] [--max-cpu-share 0.1] [--prompts 8 --samples 4] [--rollout hf|vllm] [--lag-target 1|none] [--no-lag-match] [--out report.json]
-verl-pipe bench learn [--modes sync,in_flight_pipeline] [--baseline sync] [--seeds 0,1,2] [--steps 5] [--val-every 1] [--pipeline-report report.json] [--out-dir DIR]
+verl-pipe bench learn [--modes sync,in_flight_pipeline] [--baseline sync] [--seeds 0,1,2] [--steps 5] [--val-every 1] [--pipeline-report report.json] [--train-lag priced] [--out-dir DIR]
 verl-pipe plan [--cluster deepcoder-14b] [--gpus 32] [--gpu h100] [--model 14b] [--tp 2] [--prompts 32] [--samples 8] [--max-len 16384] [--engine today|staged] [--lag-target 1|none]
 verl-pipe data prepare deepcoder --src DIR --out DIR [--test-store PATH] | data prepare deepscaler --src FILE --out DIR
 verl-pipe data curate --src DIR --out DIR [--workers N]
@@ -393,6 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
     learn.add_argument("--rollout", choices=["hf", "vllm"], help="default: vllm when installed, else hf")
     learn.add_argument("--pipeline-report", dest="pipeline_report",
                        help="price the steps from this bench pipeline report (run at the same prompts x samples)")
+    learn.add_argument("--train-lag", dest="train_lag", choices=["priced", "planned"],
+                       help="priced (default): in_flight_pipeline's cap on untrained groups resized so its runs train "
+                       "at the token lag its step was priced at; planned: the planner's cap, which 2-core runs keep "
+                       "full (staler than priced)")
     learn.add_argument("--out-dir", dest="out_dir",
                        help="where the runs go (default: runs/bench-learn-<time>); runs already there are kept")
     learn.add_argument("--ray-address", dest="ray_address", help="join this Ray cluster instead of starting one")

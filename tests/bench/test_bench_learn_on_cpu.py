@@ -21,17 +21,20 @@ from verl_pipe.bench.learn import (
     SeedRun,
     check_recorded,
     format_generation,
+    format_knobs_trained,
     format_report,
     format_token_lag,
     generation_per_mode,
     mark_variants_unpriced,
     item_verdicts,
+    knobs_at_priced_lag,
     load_run,
     pricing_from_report,
     pricing_minibatches,
     step_token_lags,
     token_lag_per_mode,
     trained_prompt_rewards,
+    training_knobs,
     variant_overrides,
     write_result,
 )
@@ -251,6 +254,7 @@ def test_report_and_picture(tmp_path):
         ({"steps": 6, "val_every": 4}, "(--steps, --val-every)"),
         ({"prompts_per_step": 7}, "(--prompts-per-step)"),
         ({"target": 45.0}, "(--target)"),
+        ({"train_lag": "cluster"}, "(--train-lag)"),
     ],
 )
 def test_bad_settings_name_the_flag(kwargs, message):
@@ -309,6 +313,42 @@ def test_the_learning_runs_train_with_the_knobs_their_price_was_measured_with():
     assert knob_overrides("sync", Knobs(), 2, prompts=8) == []
 
 
+PLANNED = {"sync_every": 0, "warmup_batches": 1.0, "load_every_update": True, "max_lag": 2,
+           "untrained_batches": 1.875, "abort_on_sync": True}
+
+
+def test_in_flight_trains_at_the_token_lag_its_step_was_priced_at():
+    """A 2-core run keeps in_flight_pipeline's cap full and trains at about the cap in batches (Little's law; the
+    2026-12-02 runs at cap 1.875 trained at 1.83-1.87), so the cap is resized to the priced lag, in whole groups."""
+    resized = knobs_at_priced_lag(PLANNED, 1.18, prompts=8, minibatches=2)
+    assert resized == {**PLANNED, "untrained_batches": 1.125}  # 9 groups of 8: round(1.18 x 8)
+    assert knobs_at_priced_lag(PLANNED, 1.18, prompts=16, minibatches=2)["untrained_batches"] == 19 / 16
+    # never below a minibatch's groups (the trainer refuses such a cap), never above the planned cap
+    assert knobs_at_priced_lag(PLANNED, 0.2, prompts=8, minibatches=2)["untrained_batches"] == 0.5
+    assert knobs_at_priced_lag(PLANNED, 2.6, prompts=8, minibatches=2) == PLANNED
+    # no cap to resize, or no priced lag: as planned
+    assert knobs_at_priced_lag({"max_lag": 1}, 1.18, prompts=8, minibatches=2) == {"max_lag": 1}
+    assert knobs_at_priced_lag(PLANNED, None, prompts=8, minibatches=2) == PLANNED
+
+    pricing = Pricing(step_s={}, knobs={"sync": {}, "in_flight_pipeline": PLANNED}, layouts={}, report="",
+                      token_lag={"sync": 0.0, "in_flight_pipeline": 1.18})  # fmt: skip
+    trained = training_knobs(LearnBenchConfig(), pricing)
+    assert trained == {"sync": {}, "in_flight_pipeline": resized}
+    # the control: --train-lag planned trains with the priced knobs, whose cap the 2-core run would keep full
+    assert training_knobs(LearnBenchConfig(train_lag="planned"), pricing) == pricing.knobs
+    from verl_pipe.bench.pipeline import knob_overrides
+    from verl_pipe.bench.plan import Knobs
+
+    assert "+trainer.v1.in_flight_pipeline.max_untrained_prompts=9" in knob_overrides(
+        "in_flight_pipeline", Knobs(**trained["in_flight_pipeline"]), minibatches=2, prompts=8)
+    result = {"knobs_trained": trained, "pricing": {"knobs": pricing.knobs}, "config": {"train_lag": "priced"}}
+    assert format_knobs_trained(result) == [
+        "in_flight_pipeline trained with lag 2, a load every update, 1.125 batches untrained (priced with lag 2, a "
+        "load every update, 1.875 batches untrained): --train-lag priced, a cap its 2-core runs keep full at the "
+        "lag its price was measured at"]
+    assert format_knobs_trained({**result, "knobs_trained": pricing.knobs}) == []
+
+
 def test_a_bench_cut_short_keeps_its_runs_and_refuses_a_run_of_another_experiment(tmp_path):
     verdicts = _experiment((0.42, 0.50, 0.55))[("sync", 0)]
     run = SeedRun(mode="sync", seed=0, rollout="vllm", rewards=[0.2] * 6, validations=[Validation(6, 60, 120)],
@@ -320,6 +360,10 @@ def test_a_bench_cut_short_keeps_its_runs_and_refuses_a_run_of_another_experimen
     check_recorded(kept, LearnBenchConfig(steps=6, val_every=2))
     with pytest.raises(ValueError, match=r"validations at steps \[2, 4, 6\].*\[1, 2, 3, 4, 5\].*--out-dir"):
         check_recorded(kept, LearnBenchConfig())
+    # a run trained with other knobs than this call's (another --train-lag) is refused, not mixed in
+    check_recorded(kept, LearnBenchConfig(steps=6, val_every=2), knobs={})
+    with pytest.raises(ValueError, match=r"trained with knobs \{\}.*with \{'max_lag': 2\}.*--train-lag"):
+        check_recorded(kept, LearnBenchConfig(steps=6, val_every=2), knobs={"max_lag": 2})
     assert load_run(str(tmp_path / "missing")) is None
 
 

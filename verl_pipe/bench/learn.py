@@ -48,6 +48,7 @@ VARIANTS = {
     "dapo": ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=reward",
              "algorithm.filter_groups.max_num_gen_batches=3"),
 }  # fmt: skip
+TRAIN_LAGS = ("priced", "planned")  # --train-lag
 
 
 def base_mode(name: str) -> str:
@@ -96,6 +97,10 @@ class LearnBenchConfig:
     rollout: Optional[str] = None
     # A ``verl-pipe bench pipeline --out`` report to price the steps with (at this batch shape); None: run one.
     pipeline_report: Optional[str] = None
+    # The token lag the learning runs train at. "priced": in_flight_pipeline's cap on untrained groups is resized so
+    # that its CPU run trains at the lag the pricing run measured on the cluster (see knobs_at_priced_lag);
+    # "planned": the planner's cap as priced, which a 2-core run keeps full, so it trains staler than priced.
+    train_lag: str = "priced"
     out_dir: Optional[str] = None
     ray_address: Optional[str] = None
 
@@ -137,6 +142,8 @@ class LearnBenchConfig:
             )
         if self.target is not None and not 0 < self.target <= 1:
             raise ValueError(f"target must be an accuracy in (0, 1], got {self.target} (--target)")
+        if self.train_lag not in TRAIN_LAGS:
+            raise ValueError(f"train_lag must be one of {', '.join(TRAIN_LAGS)}, got {self.train_lag!r} (--train-lag)")
         if self.bootstrap < 200:
             raise ValueError(f"bootstrap must be >= 200 resamples for a 95% interval, got {self.bootstrap}")
 
@@ -198,6 +205,34 @@ def priced_token_lags(report: dict[str, Any], schedules: dict[str, str]) -> dict
         if lags:
             out[mode] = statistics.mean(lags)
     return out
+
+
+def knobs_at_priced_lag(
+    knobs: dict[str, Any], priced_lag: Optional[float], prompts: int, minibatches: int
+) -> dict[str, Any]:
+    """in_flight_pipeline's knobs with its cap on untrained prompt groups resized so that a 2-core run trains at the
+    token lag the pricing run measured on the cluster.
+
+    On 2 cores training is slow beside generation, so the feeder keeps its cap full, and by Little's law a group
+    then waits (cap / groups trained a step) steps: the run trains at about the cap in batches (the 2026-12-02 runs,
+    cap 1.875 batches: 1.83-1.87 versions from step 3 on). On the cluster the trainer keeps up and the same cap is
+    not full all the time, so the priced lag is lower. Resizing the cap to the priced lag (whole groups, at least a
+    minibatch's, never above the planned cap) trains the learning runs at the lag their price was measured at, not
+    at a staler one. Knobs without a cap, or a mode without a priced lag, are returned as they are.
+    """
+    untrained = float(knobs.get("untrained_batches") or 0.0)
+    if not untrained or priced_lag is None:
+        return dict(knobs)
+    groups = max(prompts // minibatches, round(priced_lag * prompts))
+    return {**knobs, "untrained_batches": min(untrained, groups / prompts)}
+
+
+def training_knobs(cfg: LearnBenchConfig, pricing: Pricing) -> dict[str, dict[str, Any]]:
+    """Per mode, the knobs its learning runs train with (``cfg.train_lag``)."""
+    if cfg.train_lag == "planned":
+        return {mode: dict(knobs) for mode, knobs in pricing.knobs.items()}
+    return {mode: knobs_at_priced_lag(knobs, pricing.token_lag.get(mode), cfg.prompts_per_step, cfg.minibatches)
+            for mode, knobs in pricing.knobs.items()}  # fmt: skip
 
 
 def price_steps(cfg: LearnBenchConfig, out_dir: str, address: str, progress: Callable[[str], None]) -> Pricing:
@@ -385,14 +420,20 @@ def load_run(run_dir: str) -> Optional[SeedRun]:
     return run
 
 
-def check_recorded(run: SeedRun, cfg: LearnBenchConfig) -> None:
-    """A run kept from an earlier call must be a run of this experiment: validated at the same steps."""
+def check_recorded(run: SeedRun, cfg: LearnBenchConfig, knobs: Optional[dict[str, Any]] = None) -> None:
+    """A run kept from an earlier call must be a run of this experiment: validated at the same steps and, given the
+    knobs this call trains the mode with, trained with them."""
     expected = list(range(cfg.val_every, cfg.steps + 1, cfg.val_every))
     recorded = [step for step in run.verdicts if step > 0]
     if recorded != expected:
         raise ValueError(
             f"{run.run_dir} was recorded with validations at steps {recorded}, and this bench validates at "
             f"{expected}: give a new --out-dir, or the --steps and --val-every it was run with"
+        )
+    if knobs is not None and run.knobs != knobs:
+        raise ValueError(
+            f"{run.run_dir} was trained with knobs {run.knobs}, and this bench trains {run.mode} with {knobs}: give "
+            "a new --out-dir, or the --train-lag it was run with"
         )
 
 
@@ -416,16 +457,17 @@ def run_learn_bench(cfg: LearnBenchConfig, progress: Callable[[str], None] = pri
     head = contextlib.nullcontext(cfg.ray_address) if cfg.ray_address else local_ray_head(num_cpus=16)
     with head as address:
         pricing = price_steps(cfg, out_dir, address, progress)
+        knobs = training_knobs(cfg, pricing)
         for index, (seed, mode) in enumerate(order, 1):
             # the untrained model is validated once: the same weights, problems and greedy decoding in every run
             validate_first = index == 1
             run = load_run(os.path.join(out_dir, f"{mode}-seed{seed}"))
             if run is not None:
-                check_recorded(run, cfg)
+                check_recorded(run, cfg, knobs[mode])
             else:
                 progress(f"[{index}/{len(order)}] {mode}, seed {seed} ({cfg.engine} rollout, {cfg.steps} steps, "
-                         f"knobs {pricing.knobs[mode] or '-'}; {time.time() - started:.0f} s so far)")  # fmt: skip
-                run = train_run(cfg, mode, seed, pricing.knobs[mode], out_dir, address, validate_first)
+                         f"knobs {knobs[mode] or '-'}; {time.time() - started:.0f} s so far)")  # fmt: skip
+                run = train_run(cfg, mode, seed, knobs[mode], out_dir, address, validate_first)
             summary = ", ".join(f"step {v.step}: {100 * v.accuracy:.1f}%" for v in run.validations)
             progress(f"    {mode} seed {seed}: validation {summary} ({run.wall_s:.0f} s)")
             runs.append(run)
@@ -453,6 +495,7 @@ def analyse(cfg: LearnBenchConfig, runs: list[SeedRun], pricing: Pricing, out_di
         "analysis": analysis,
         "generation": generation_per_mode(runs, cfg),
         "token_lag": token_lag_per_mode(runs, pricing),
+        "knobs_trained": training_knobs(cfg, pricing),
         "same_prompt_rewards": learn_stats.same_prompt_rewards(
             {(r.mode, r.seed): {p: (int(step), reward) for p, (step, reward) in r.prompt_rewards.items()}
              for r in runs}, cfg.baseline, resamples=cfg.bootstrap),
@@ -511,6 +554,21 @@ def format_token_lag(lags: dict[str, dict[str, Optional[float]]]) -> list[str]:
     return lines
 
 
+def format_knobs_trained(result: dict[str, Any]) -> list[str]:
+    """A line per mode whose learning runs trained with other knobs than its step was priced with."""
+    from verl_pipe.bench.plan import Knobs
+
+    lines = []
+    for mode, trained in result.get("knobs_trained", {}).items():
+        priced = result["pricing"]["knobs"].get(mode, {})
+        if trained != priced:
+            schedule = base_mode(mode)
+            lines.append(f"{mode} trained with {Knobs(**trained).describe(schedule)} (priced with "
+                         f"{Knobs(**priced).describe(schedule)}): --train-lag {result['config'].get('train_lag')}, "
+                         "a cap its 2-core runs keep full at the lag its price was measured at")  # fmt: skip
+    return lines
+
+
 def write_result(result: dict[str, Any], out_dir: str) -> dict[str, Any]:
     from verl_pipe.plot import plot_learning
 
@@ -547,6 +605,7 @@ def format_report(result: dict[str, Any]) -> str:
         *format_analysis(result["analysis"], cfg.get("baseline", BASELINE_MODE)),
         *format_generation(result.get("generation", {})),
         *format_token_lag(result.get("token_lag", {})),
+        *format_knobs_trained(result),
         *format_same_prompt_rewards(result.get("same_prompt_rewards", {}), cfg.get("baseline", BASELINE_MODE)),
         f"curves: {result['png']}",
         f"report: {result['json']}",
