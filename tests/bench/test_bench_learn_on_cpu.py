@@ -347,6 +347,8 @@ def test_in_flight_trains_at_the_token_lag_its_step_was_priced_at():
         "load every update, 1.875 batches untrained): --train-lag priced, a cap its 2-core runs keep full at the "
         "lag its price was measured at"]
     assert format_knobs_trained({**result, "knobs_trained": pricing.knobs}) == []
+    one = knobs_at_priced_lag(PLANNED, 0.98, prompts=8, minibatches=2)  # the 2026-12-06 pricing run's lag
+    assert Knobs(**one).describe("in_flight_pipeline") == "lag 2, a load every update, 1 batch untrained"
 
 
 def test_a_bench_cut_short_keeps_its_runs_and_refuses_a_run_of_another_experiment(tmp_path):

@@ -39,7 +39,8 @@ class Knobs:
             return cadence if self.abort_on_sync else cadence + ", no abort (what-if)"
         if schedule == "in_flight_pipeline":
             loads = "a load every update" if self.load_every_update else "a load a step"
-            cap = f", {self.untrained_batches:g} batches untrained" if self.untrained_batches else ""
+            batches = "batch" if self.untrained_batches == 1 else "batches"
+            cap = f", {self.untrained_batches:g} {batches} untrained" if self.untrained_batches else ""
             return f"lag {self.max_lag}, {loads}{cap}"
         return ""
 
