@@ -14,7 +14,8 @@ answers whether the refill buys learning per step, and each run records what it 
 Two clocks. Steps measure learning per sample. The cluster's clock prices each step from the pipeline benchmark
 (:mod:`verl_pipe.bench.pipeline`, coding profile: DeepCoder-14B on 32 H100, equal GPUs) run at the batch shape the
 learning runs train (prompts x samples per step, the profile's minibatches per step) and with the knobs its
-planner chose for each schedule, which the learning runs then train with. A 2-core run's own step times say
+planner chose for each schedule, which the learning runs then train with, at the token lag the pricing run measured
+(``train_lag``: in_flight_pipeline's cap resized, :func:`knobs_at_priced_lag`). A 2-core run's own step times say
 nothing about a cluster (every pool shares the same two cores).
 """
 
@@ -215,7 +216,7 @@ def knobs_at_priced_lag(
 
     On 2 cores training is slow beside generation, so the feeder keeps its cap full, and by Little's law a group
     then waits (cap / groups trained a step) steps: the run trains at about the cap in batches (the 2026-12-02 runs,
-    cap 1.875 batches: 1.83-1.87 versions from step 3 on). On the cluster the trainer keeps up and the same cap is
+    cap 1.875 batches: 1.83-1.87 versions from step 3 on; the 2026-12-06 runs, cap 1 batch: 1.00). On the cluster the trainer keeps up and the same cap is
     not full all the time, so the priced lag is lower. Resizing the cap to the priced lag (whole groups, at least a
     minibatch's, never above the planned cap) trains the learning runs at the lag their price was measured at, not
     at a staler one. Knobs without a cap, or a mode without a priced lag, are returned as they are.
