@@ -3,6 +3,9 @@ fault cases are tests/e2e/test_stalled_engine_on_cpu.py, which starts its runs w
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from verl_pipe.chaos import CaseResult, _checkpoints_left, format_table, run_chaos
@@ -155,3 +158,81 @@ def test_the_reward_faults_pick_the_reward_worker_and_its_scoring_processes():
     }
     assert reward_workers(table) == [100, 101]
     assert scoring_processes(table) == [102, 103]
+
+
+@pytest.mark.parametrize(("rc", "trained", "fault", "killed", "diagnosed", "outcome"), [
+    (0, 6, "reward_kill", 1, False, "recovered"),  # trained every step through the kill
+    (1, 2, "reward_kill", 1, True, "stopped"),  # one of our diagnoses
+    (1, 2, "reward_kill", 1, False, "failed"),  # another error
+    (None, 3, "reward_kill", 1, False, "hung"),  # still running hang_after_s after the fault
+    (None, 0, "reward_kill", 0, False, "hung before the fault"),  # no step trained within fault_within_s
+    (1, 0, "reward_kill", 0, True, "stopped before the fault"),  # must not pass for the fault's outcome
+    (0, 6, "reward_kill", 0, False, "not injected"),  # the kill never found its process
+    (0, 3, "stall", None, False, "finished"),  # an engine fault that never bit
+    (None, 0, "stall", None, False, "hung"),
+    (0, 3, "driver_kill", None, False, "resumed"),
+    (0, 3, "save_kill", 1, False, "resumed"),
+    (0, 3, "save_kill", 0, False, "not injected"),  # the save beat the kill
+    (0, 2, "stall", None, False, "failed"),  # exited 0 without every step: not a finish
+])
+def test_the_outcome_rules(rc, trained, fault, killed, diagnosed, outcome):
+    from verl_pipe.chaos import STEPS, STEPS_OF_FAULT, classify_outcome
+
+    steps = STEPS_OF_FAULT.get(fault, STEPS)
+    assert classify_outcome(rc, trained, steps, fault, killed, diagnosed) == outcome
+
+
+def test_the_hang_bound_counts_from_the_fault_not_from_the_start(tmp_path, monkeypatch):
+    """A slow start-up (here 3 s to the first trained step) must not eat into the time a run gets after its fault:
+    a job that stops 1.5 s after its reward worker is killed is stopped with the bound at 2.5 s from the fault;
+    counted from the start, as before, the same job read hung."""
+    import subprocess
+    import sys
+
+    from verl_pipe import chaos
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    worker = subprocess.Popen(sleeper)  # the job's reward worker, killed for real
+    started = {}
+
+    def start_faulted_run(run_dir, *args, **kwargs):
+        log = os.path.join(run_dir, "train.log")
+        with open(log, "w") as fh:
+            fh.write(f"RuntimeError: in_flight_pipeline: {chaos.DIAGNOSES[1]} step 2 ...\n")
+        started["at"] = time.monotonic()
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4.5); raise SystemExit(1)"]), log
+
+    monkeypatch.setattr(chaos, "start_faulted_run", start_faulted_run)
+    monkeypatch.setattr(chaos, "_trained_step_numbers",
+                        lambda run_dir: {1} if time.monotonic() - started["at"] > 3.0 else set())
+    monkeypatch.setattr(chaos, "process_table", lambda: {worker.pid: (1, "ray::RewardLoopWorker")})
+    monkeypatch.setattr(chaos, "of_the_run", lambda pid, run_dir: pid == worker.pid)
+    try:
+        result = chaos.run_case("in_flight_pipeline", "reward_kill", "model", "address", str(tmp_path), 2, 10.0,
+                                hang_after_s=2.5, fault_within_s=30.0)  # fmt: skip
+    finally:
+        worker.kill()
+    assert worker.wait() == -9  # the harness killed it
+    assert result.outcome == "stopped", result
+    assert 1.0 < result.after_fault_s < 2.5 and result.seconds > 4.0, result
+
+
+def test_a_process_belongs_to_the_run_whose_folder_its_environment_names(tmp_path):
+    """Ray's actors of a job (``ray::RewardLoopWorker``) run in the raylet's folder and name nothing of the run on their
+    command line; the job's runtime_env (the run's metrics file) is in their environment."""
+    import subprocess
+    import sys
+
+    from verl_pipe.chaos import job_processes, of_the_run
+
+    run_dir = str(tmp_path / "run")
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], cwd=str(tmp_path),
+                            env=dict(os.environ, VERL_FILE_LOGGER_PATH=f"{run_dir}/verl_metrics.jsonl"))  # fmt: skip
+    theirs = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], cwd=str(tmp_path))
+    try:
+        time.sleep(0.2)
+        assert of_the_run(ours.pid, run_dir) and not of_the_run(theirs.pid, run_dir)
+        assert job_processes(run_dir) == 1
+    finally:
+        ours.kill(), theirs.kill(), ours.wait(), theirs.wait()
+    assert job_processes(run_dir) == 0

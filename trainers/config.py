@@ -62,6 +62,11 @@ class PipelineConfig:
     # getting anywhere (no group submitted, started or finished, no sample finished: trainers/stall_watch.py). It
     # must exceed the longest single generation a replica can take. None: wait forever (verl's behaviour).
     stall_timeout_s: Optional[float] = 1800.0
+    # Stop the run, with a diagnosis, when this many prompt groups failed with none finished in between (verl drops
+    # a failed group and submits another: a reward that raises on every sample would go round for ever, at full
+    # speed). A dead actor stops the run sooner, found by the stall watch's look. None: no bound. Ignored when
+    # stall_timeout_s is None (the watch is off).
+    max_failed_groups_in_a_row: Optional[int] = 100
 
     @classmethod
     def from_section(cls, mode: str, section: Any) -> "PipelineConfig":
@@ -95,9 +100,10 @@ class PipelineConfig:
                 f"trainer.v1.{mode}.load_every_update must be true, false or null (the rollout decides), "
                 f"got {cfg.load_every_update!r}"
             )
-        for key, floor in (("max_lag", 0), ("max_in_flight_prompts", 1), ("max_untrained_prompts", 1)):
+        optional = ("max_in_flight_prompts", "max_untrained_prompts", "max_failed_groups_in_a_row")
+        for key, floor in (("max_lag", 0), *((name, 1) for name in optional)):
             value = getattr(cfg, key)
-            if value is None and key in ("max_in_flight_prompts", "max_untrained_prompts"):
+            if value is None and key in optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < floor:
                 raise PipelineConfigError(f"trainer.v1.{mode}.{key} must be a whole number >= {floor}, got {value!r}")

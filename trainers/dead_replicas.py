@@ -97,13 +97,27 @@ def _what_to_do(checkpoint_dir: str) -> str:
 def engine_health(server, timeout_s: float = 5.0) -> Optional[str]:
     """What a rollout server says of its engine (``engine_health``, where its class has one: vLLM's server on the CPU
     backend), None when it is well or cannot say."""
-    ask = getattr(server, "engine_health", None)
-    if ask is None:
-        return None
-    try:
-        return ray.get(ask.remote(), timeout=timeout_s)
-    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
-        return None
+    return engine_healths([server], timeout_s)[0]
+
+
+def engine_healths(servers: list, timeout_s: float = 5.0) -> list[Optional[str]]:
+    """:func:`engine_health` of every server, all asked at once (servers that cannot tell, or do not answer within
+    ``timeout_s``, say None)."""
+    asked = {}
+    for index, server in enumerate(servers):
+        try:
+            asked[index] = server.engine_health.remote()
+        except AttributeError:  # a server class without engine_health (the hf server)
+            continue
+    ready, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=timeout_s) if asked else ([], [])
+    problems: list[Optional[str]] = [None] * len(servers)
+    for index, ref in asked.items():
+        if ref in ready:
+            try:
+                problems[index] = ray.get(ref)
+            except ray.exceptions.RayError:
+                pass
+    return problems
 
 
 def raise_if_an_engine_died(replicas, step: Optional[int], checkpoint_dir: str) -> None:

@@ -37,7 +37,12 @@ from omegaconf import open_dict
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl_pipe.trainers.checkpoint_guard import check_resumable, saving_checkpoint
 from verl_pipe.trainers.config import PipelineConfig
-from verl_pipe.trainers.dead_replicas import call_while_engines_live, diagnosing_dead_replicas, engine_health
+from verl_pipe.trainers.dead_replicas import (
+    call_while_engines_live,
+    diagnosing_dead_replicas,
+    engine_health,
+    engine_healths,
+)
 from verl_pipe.trainers.dynamic_sampling import DynamicSampling, DynamicSamplingConfig
 from verl_pipe.trainers.filtered_samples import FilteredSamples
 from verl_pipe.trainers.layout_checks import check_layout
@@ -50,15 +55,31 @@ from verl_pipe.trainers.timeline_recorder import TimelineRecorder
 from verl_pipe.trainers.token_lag import version_number
 
 
+def ping_all(actors: list, timeout_s: float = 5.0) -> list[str]:
+    """Whether each Ray actor answers, all asked at once: ``"answers"``, ``"does not answer within N s"`` or
+    ``"is dead (<error>)"``. A dead actor's answer comes at once, so a short ``timeout_s`` still finds it."""
+    refs = [actor.__ray_ready__.remote() for actor in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    answers = []
+    for ref in refs:
+        if ref not in ready:
+            answers.append(f"does not answer within {timeout_s:.0f} s")
+            continue
+        try:
+            ray.get(ref)
+            answers.append("answers")
+        except ray.exceptions.RayActorError as error:
+            answers.append(f"is dead ({type(error).__name__})")
+    return answers
+
+
 def ping(actor, timeout_s: float = 5.0) -> str:
-    """Whether a Ray actor answers: ``"answers"``, ``"does not answer within N s"`` or ``"is dead (<error>)"``."""
-    try:
-        ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
-        return "answers"
-    except ray.exceptions.GetTimeoutError:
-        return f"does not answer within {timeout_s:.0f} s"
-    except ray.exceptions.RayActorError as error:
-        return f"is dead ({type(error).__name__})"
+    """Whether a Ray actor answers (:func:`ping_all` of one)."""
+    return ping_all([actor], timeout_s)[0]
+
+
+# The quick look at the sampler's actors, every few seconds of the trainer's wait: a dead actor answers at once.
+QUICK_LOOK_TIMEOUT_S = 2.0
 
 
 class PipelinedTrainer(PPOTrainerSeparateAsync):
@@ -126,6 +147,7 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
     def _build_replay_buffer(self):
         buffer = super()._build_replay_buffer()
         buffer.describe_sampler = self._describe_sampler  # what the stall watch reports of the replicas
+        buffer.find_dead_actor = self._an_actor_is_dead  # what it asks every few seconds of a wait
         dynamic = DynamicSamplingConfig.from_verl(self.config)
         if dynamic is not None and hasattr(buffer, "dynamic_sampling"):  # ours, not a user's own sampler
             # verl gives its DAPO metric to its own buffer only; ours runs verl's drop-and-refill with it
@@ -133,15 +155,26 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
             buffer.dynamic_sampling = DynamicSampling(dynamic)
         return buffer
 
+    def _an_actor_is_dead(self) -> bool:
+        """Whether a reward worker, a rollout server or a server's engine is dead: every actor pinged at once, then
+        the live servers asked about their engines at once (a few milliseconds on a healthy cluster)."""
+        workers = list(self.get_reward_handles() or [])
+        servers = [server for replica in self.standalone_server_manager.get_replicas() for server in replica.servers]
+        answers = ping_all(workers + servers, QUICK_LOOK_TIMEOUT_S)
+        if any(answer.startswith("is dead") for answer in answers):
+            return True
+        live = [server for server, answer in zip(servers, answers[len(workers):]) if answer == "answers"]
+        return any(problem is not None for problem in engine_healths(live, QUICK_LOOK_TIMEOUT_S))
+
     def _describe_sampler(self) -> tuple[str, str | None]:
         """How each rollout replica's servers and each reward worker answer now, and the cause when a replica's
         server or engine process, or a reward worker, is dead (the stall watch's diagnosis; it stops at once then)."""
-        workers = [(f"worker {rank}", ping(handle)) for rank, handle in enumerate(self.get_reward_handles() or [])]
+        handles = list(self.get_reward_handles() or [])
+        workers = [(f"worker {rank}", answer) for rank, answer in enumerate(ping_all(handles))]
         dead = [name for name, answer in workers if answer.startswith("is dead")]
         servers, dead_replicas = [], []
         for replica in self.standalone_server_manager.get_replicas():
-            for server in replica.servers:
-                answer = ping(server)
+            for server, answer in zip(replica.servers, ping_all(list(replica.servers))):
                 engine = engine_health(server) if answer == "answers" else None
                 if engine or answer.startswith("is dead"):
                     dead_replicas.append(f"replica {replica.replica_rank}")

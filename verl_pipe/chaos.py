@@ -35,9 +35,10 @@ and the disk, node and driver faults:
 Each run ends one of six ways: ``finished`` (every step trained), ``recovered`` (it trained every step through the
 kill of a process), ``resumed`` (after the driver's or trainer's kill, the rerun trained every step), ``stopped`` (it
 ended with one of verl-pipe's diagnoses: the stall watch's, the failed checkpoint save's, the lost node's, or the
-dead engine's), ``failed`` (it ended with another error), or ``hung`` (still running ``--hang-after`` seconds after it
-started: then killed); a run that ended before its fault came says so (``stopped before the fault``), and one that
-finished without it reads ``not injected``. The table gives the seconds to the end, the step a resume would start
+dead engine's), ``failed`` (it ended with another error), or ``hung`` (still running ``--hang-after`` seconds after
+the fault: then killed; a fault the harness injects mid-run must come within ``--fault-within`` seconds of the
+start, and the faults that come from the start count from it); a run that ended before its fault came says so
+(``stopped before the fault``, ``hung before the fault``), and one that finished without it reads ``not injected``. The table gives the seconds to the end, the step a resume would start
 from, the half-written checkpoints, the processes and /dev/shm bytes the run left, and for the resumed faults the
 prompts lost or trained twice. Our modes carry the stall watch (``stall_timeout_s``); verl's ``sync`` and
 ``separate_async`` are the reference.
@@ -66,6 +67,8 @@ from verl_pipe.trainer_modes import TRAINER_MODES
 # The lines with which verl-pipe stops a run it diagnosed (trainers.stall_watch, .checkpoint_guard, .lost_nodes).
 DIAGNOSES = (
     "the sampler made no progress for",
+    "an actor of the sampler's died while the trainer waited",
+    "prompt groups failed in a row while the trainer waited",
     "CheckpointSaveError: the checkpoint of step",
     "LostNodeError: Ray node",
     "RolloutReplicaDiedError: ",
@@ -82,7 +85,7 @@ ENGINE_TITLE = "VLLM::EngineCore"  # what vLLM names its engine's process (the m
 # verl's vLLM replica actor, the engine's parent (vLLMHttpServer; the CPU backend's subclass is CPUvLLMHttpServer)
 VLLM_SERVER_TITLE = re.compile(r"ray::\w*vLLMHttpServer\b")
 TRAINER_TITLE = "ray::TaskRunner"  # verl's TaskRunner actor (TaskRunnerV1 in the V1 trainers): the trainer's loop
-VLLM_START_ALLOWANCE_S = 240.0  # added to --hang-after for the vLLM cases
+VLLM_START_ALLOWANCE_S = 240.0  # added to --fault-within (and to --hang-after where it counts from the start)
 VLLM_STALL_TIMEOUT_S = 120.0  # the least stall_timeout_s of the vLLM cases
 SAVE_KILL_STEP = 3  # the step whose checkpoint save the save_kill fault interrupts (saves are made every step)
 NO_FAULT = "none"  # the uninterrupted run the driver_kill cases' prompts are compared with
@@ -232,19 +235,26 @@ def scoring_processes(table: dict[int, tuple[int, str]]) -> list[int]:
     return [pid for pid, (parent, cmdline) in table.items() if parent in servers and CHILD_MODULE in cmdline]
 
 
+def of_the_run(pid: int, run_dir: str) -> bool:
+    """Whether process ``pid`` belongs to the verl job in ``run_dir``: its command line or working folder names the
+    folder, or its environment does. Every Ray worker of the job (TaskRunner, reward workers, rollout servers,
+    agent-loop workers) has the job's runtime_env in its environment, and the quickstart overrides put the run's
+    metrics file there (``VERL_FILE_LOGGER_PATH``); their command lines (``ray::RewardLoopWorker``) and working
+    folders (the raylet's) name nothing of the run."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read().decode(errors="replace")
+        if run_dir in cmdline or os.readlink(f"/proc/{pid}/cwd") == run_dir:
+            return True
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return run_dir.encode() in fh.read()
+    except OSError:  # gone meanwhile, or not ours to read
+        return False
+
+
 def job_processes(run_dir: str) -> int:
-    """Processes still alive whose command line or working folder names the run's folder."""
-    count = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmdline = fh.read().decode(errors="replace")
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if run_dir in cmdline or cwd == run_dir:
-            count += 1
-    return count
+    """Processes still alive that belong to the run (:func:`of_the_run`)."""
+    return sum(of_the_run(int(pid), run_dir) for pid in filter(str.isdigit, os.listdir("/proc")))
 
 
 def processes_left(run_dir: str, within_s: float = 10.0) -> int:
@@ -311,7 +321,7 @@ def _wait_for_steps(process: subprocess.Popen, run_dir: str, steps: int, timeout
         time.sleep(0.2)
 
 
-def _kill_after(process: subprocess.Popen, run_dir: str, steps: int, timeout_s: float,
+def kill_after_steps(process: subprocess.Popen, run_dir: str, steps: int, timeout_s: float,
                 pick: Callable[[dict], list[int]]) -> tuple[int, float | None]:  # fmt: skip
     """Once ``steps`` are trained and ``pick`` finds processes in the process table, SIGKILL them; how many, and
     when (``time.monotonic()``; None if never)."""
@@ -386,8 +396,30 @@ def lose_node(node: subprocess.Popen) -> None:
     node.wait()
 
 
+def classify_outcome(rc: int | None, trained: int, steps: int, fault: str, killed: int | None,
+                     diagnosed: bool) -> str:  # fmt: skip
+    """What became of a run: ``rc`` its exit code (None: still running at its bound, then killed), ``trained`` its
+    steps, ``killed`` how many processes the harness killed (None: the fault is not a kill of the harness's; 0: the
+    kill never came), ``diagnosed`` whether its log ends with one of verl-pipe's diagnoses (:data:`DIAGNOSES`)."""
+    before = " before the fault" if killed == 0 else ""  # the cell must not pass for the fault's outcome
+    if rc is None:
+        return f"hung{before}"
+    if rc == 0 and trained == steps:
+        if killed == 0:
+            return "not injected"
+        if fault in RESUMED_FAULTS:
+            return "resumed"
+        return "recovered" if killed else "finished"
+    return f"{'stopped' if diagnosed else 'failed'}{before}"
+
+
 def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, after_requests: int,
-             stall_timeout_s: float, hang_after_s: float, uninterrupted: list | None = None) -> CaseResult:  # fmt: skip
+             stall_timeout_s: float, hang_after_s: float, uninterrupted: list | None = None,
+             fault_within_s: float = 600.0) -> CaseResult:  # fmt: skip
+    """One cell. A fault the harness injects mid-run (a kill once a step is trained, a node lost) must come within
+    ``fault_within_s`` of the start, and the run is hung if it still runs ``hang_after_s`` after the fault: a slow
+    start-up neither passes for a hang nor hides one. A fault that comes from the start (the engine's, through its
+    timing slot; the full disk) and the resume of a killed run count ``hang_after_s`` from their start."""
     from verl_pipe.local_jobs import joined_ray_node
 
     run_dir = os.path.abspath(os.path.join(out_dir, f"{mode}-{fault}"))
@@ -397,7 +429,7 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
     if fault in VLLM_FAULTS:
         # vLLM's engine takes a minute or two to start on 2 cores, and its first answers are slow (the tiny model's
         # hf server: seconds); a dead replica is caught by the watch's check for dead actors, not by its timeout
-        hang_after_s += VLLM_START_ALLOWANCE_S
+        fault_within_s += VLLM_START_ALLOWANCE_S
         stall_timeout_s = max(stall_timeout_s, VLLM_STALL_TIMEOUT_S)
     running: list[subprocess.Popen] = []
     with contextlib.ExitStack() as stack:
@@ -411,16 +443,17 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
         running.append(process)
         killed, fault_at, left_by_the_killed, trained_by_the_killed = None, None, 0, set()
         if fault == NODE_LOSS:
-            fault_at = _lose_the_sampler_node_after(process, run_dir, node, 2, hang_after_s)
+            fault_at = _lose_the_sampler_node_after(process, run_dir, node, 2, fault_within_s)
         elif fault in MID_RUN_KILLS:
             pick = {VLLM_SERVER_KILL: vllm_servers, ENGINE_KILL: engine_processes, REWARD_KILL: reward_workers,
                     SCORING_KILL: scoring_processes}[fault]
-            killed, fault_at = _kill_after(process, run_dir, 1, hang_after_s, lambda table: pick(table)[:1])
+            killed, fault_at = kill_after_steps(process, run_dir, 1, fault_within_s,
+                                           lambda table: [p for p in pick(table) if of_the_run(p, run_dir)][:1])
         elif fault in RESUMED_FAULTS:
             if fault == DRIVER_KILL:
-                _kill_the_driver_after(process, run_dir, 2, hang_after_s)
+                _kill_the_driver_after(process, run_dir, 2, fault_within_s)
             else:
-                killed = int(_kill_the_trainer_mid_save(process, run_dir, SAVE_KILL_STEP, hang_after_s))
+                killed = int(_kill_the_trainer_mid_save(process, run_dir, SAVE_KILL_STEP, fault_within_s))
             left_by_the_killed = processes_left(run_dir)
             trained_by_the_killed = _trained_step_numbers(run_dir)  # verl's file logger starts afresh on the rerun
             os.replace(log_path, os.path.join(run_dir, "train_killed.log"))
@@ -428,8 +461,11 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
             process, log_path = start_faulted_run(run_dir, model, ray_address, mode, fault, after_requests,
                                                   stall_timeout_s, steps=steps)  # fmt: skip
             running.append(process)
+        hang_from = fault_at if fault_at is not None else started
+        if fault in VLLM_FAULTS and fault_at is None:  # the fault never came: vLLM's start-up is in the window
+            hang_from += VLLM_START_ALLOWANCE_S
         try:
-            rc = process.wait(timeout=max(1.0, hang_after_s - (time.monotonic() - started)))
+            rc = process.wait(timeout=max(1.0, hang_from + hang_after_s - time.monotonic()))
         except subprocess.TimeoutExpired:
             rc = None
         ended = time.monotonic()
@@ -438,16 +474,7 @@ def run_case(mode: str, fault: str, model: str, ray_address: str, out_dir: str, 
         text = fh.read()
     diagnosed = any(line in text for line in DIAGNOSES)
     trained = len(_trained_step_numbers(run_dir) | trained_by_the_killed)
-    if rc is None:
-        outcome = "hung"
-    elif rc == 0 and trained == steps:
-        outcome = "resumed" if fault in RESUMED_FAULTS else "finished"
-        if killed is not None:  # the run went on through the kill (resumed after it), or the kill never came
-            outcome = ("resumed" if fault in RESUMED_FAULTS else "recovered") if killed else "not injected"
-    else:
-        outcome = "stopped" if diagnosed else "failed"
-        if killed == 0:  # it ended before the fault could come: the cell must not pass for the fault's outcome
-            outcome += " before the fault"
+    outcome = classify_outcome(rc, trained, steps, fault, killed, diagnosed)
     left = max(processes_left(run_dir), left_by_the_killed)  # Ray reaps the job's actors once its driver is gone
     added = shm_left_since(shm_before)
     resumed = re.search(r"Resuming from \S*global_step_(\d+)", text) if fault in RESUMED_FAULTS else None
@@ -522,7 +549,8 @@ def uninterrupted_prompts(model: str, ray_address: str, out_dir: str, timeout_s:
 
 
 def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests: int = 2,
-              stall_timeout_s: float = 10.0, hang_after_s: float = 180.0) -> list[CaseResult]:  # fmt: skip
+              stall_timeout_s: float = 10.0, hang_after_s: float = 180.0,
+              fault_within_s: float = 600.0) -> list[CaseResult]:  # fmt: skip
     from verl_pipe.local_jobs import local_ray_head, sigterm_unwinds
     from verl_pipe.models import build_tiny_qwen2, resolve_model_path
 
@@ -554,7 +582,8 @@ def run_chaos(modes: list[str], faults: list[str], out_dir: str, after_requests:
                 if fault == NODE_LOSS and not TRAINER_MODES[mode].separate_pools:
                     continue  # one pool: there is no sampler's node to lose
                 result = run_case(mode, fault, vllm_model if fault in VLLM_FAULTS else model, address, out_dir,
-                                  after_requests, stall_timeout_s, hang_after_s, uninterrupted)  # fmt: skip
+                                  after_requests, stall_timeout_s, hang_after_s, uninterrupted,
+                                  fault_within_s)  # fmt: skip
                 print(f"{mode} / {fault}: {result.outcome} after {result.seconds:.0f} s", flush=True)
                 results.append(result)
     with open(os.path.join(out_dir, "chaos.json"), "w") as fh:

@@ -92,7 +92,8 @@ def _chaos(args: argparse.Namespace) -> int:
     out_dir = args.out_dir or os.path.join("runs", time.strftime("chaos-%Y%m%d-%H%M%S"))
     os.makedirs(out_dir, exist_ok=True)
     results = run_chaos(args.modes.split(","), args.faults.split(","), out_dir, after_requests=args.after,
-                        stall_timeout_s=args.stall_timeout_s, hang_after_s=args.hang_after)  # fmt: skip
+                        stall_timeout_s=args.stall_timeout_s, hang_after_s=args.hang_after,
+                        fault_within_s=args.fault_within)  # fmt: skip
     print(format_table(results))
     print(f"wrote {os.path.join(out_dir, 'chaos.json')}")
     return 0
@@ -459,7 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--stall-timeout-s", dest="stall_timeout_s", type=float, default=10.0,
                        help="our modes' trainer.v1.<mode>.stall_timeout_s (default 10)")
     chaos.add_argument("--hang-after", dest="hang_after", type=float, default=180.0,
-                       help="a run still going this many seconds after it started is hung, and killed (default 180)")
+                       help="a run still going this many seconds after its fault is hung, and killed (default 180; "
+                       "counted from the start for the faults that come from it: stall, kill, full_disk, and a "
+                       "resume's rerun)")
+    chaos.add_argument("--fault-within", dest="fault_within", type=float, default=600.0,
+                       help="a fault injected mid-run (once a step is trained) must come within this many seconds of "
+                       "the start, so a slow start-up is not a hang (default 600; vLLM's cases 240 more)")
     chaos.add_argument("--out-dir", dest="out_dir", help="where the runs go (default: runs/chaos-<time>)")
     chaos.set_defaults(func=_chaos)
 

@@ -144,3 +144,26 @@ def test_the_stall_error_carries_the_cause_the_trainer_found():
     assert "A rollout engine is stuck" not in text
     buffer.describe_sampler = lambda: ("Rollout replicas: replica 0: its server answers.", None)
     assert "A rollout engine is stuck or gone" in buffer._stall_diagnosis("train", 10.0)
+
+
+def _buffer_with(finished=(), running=(), failed=(), listed=None) -> PipelineReplayBuffer:
+    buffer = PipelineReplayBuffer.__new__(PipelineReplayBuffer)  # only what _progress reads, set below
+    buffer.pending_keys, buffer.running_keys = {"train": set()}, {"train": set(running)}
+    buffer.finished_keys, buffer.failure_keys = {"train": set(finished)}, {"train": set(failed)}
+    buffer.partitions = {"train": dict(listed or {})}
+    return buffer
+
+
+def test_keys_listed_without_a_sample_and_samples_of_failed_groups_are_not_progress():
+    """Seen in ``make chaos --faults reward_kill`` (in_flight_pipeline, its one reward worker killed): every round of
+    failed-and-replaced groups listed the new groups' prompt keys with empty tags for a moment, the count of keys
+    went 0, 4, 0, and the watch took each flicker for progress; the run hung."""
+    base = _buffer_with(running={"g1"})._progress("train")
+    flicker = _buffer_with(running={"g1"}, listed={"g2": {}, "g3": {}})  # a group being cleared or submitted
+    assert flicker._progress("train") == base
+    failed = _buffer_with(running={"g1"}, failed={"g4"}, listed={"g4_0_0": {"status": "success"}})
+    assert failed._progress("train") == base
+    # the controls: a stored sample of a live group is progress, and so is a finished group
+    sample = _buffer_with(running={"g1"}, listed={"g1_0_0": {"status": "success"}})
+    assert sample._progress("train") != base
+    assert _buffer_with(finished={"g1"})._progress("train") != base
