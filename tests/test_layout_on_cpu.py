@@ -71,12 +71,15 @@ def test_this_suite_is_not_shadowed_by_site_packages_tests(request):
 # slip in (the hf rollout server once imported the benchmark's latency model: it now has a timing slot instead).
 LAYERS = (
     # foundation: version checks, patch machinery, run-on-import hooks, the JSON report writer, hydra presets, the
-    # table of trainer modes, running verl jobs on a private Ray head (the tests and the benchmarks)
+    # table of trainer modes, running verl jobs on a private Ray head (the tests and the benchmarks), whether a step's
+    # rollout came from the actor's weights
     ("foundation", ("verl_pipe", "verl_pipe.compat", "verl_pipe.import_hooks", "verl_pipe.patching",
                     "verl_pipe.step_metrics", "verl_pipe.reports", "verl_pipe.config", "verl_pipe.trainer_modes",
-                    "verl_pipe.local_jobs")),
-    # self-contained parts: the reward itself, the CPU backend, local models, GRPO+
-    ("components", ("verl_pipe.reward_score", "verl_pipe.backends", "verl_pipe.models", "verl_pipe.algorithms")),
+                    "verl_pipe.local_jobs", "verl_pipe.engine_agreement")),
+    # self-contained parts: the reward itself, the rollout extension every platform runs, the CPU backend built on
+    # it, placement of pools on Ray nodes, /dev/shm clean-up, local models, GRPO+
+    ("components", ("verl_pipe.reward_score", "verl_pipe.rollout", "verl_pipe.backends", "verl_pipe.pool_nodes",
+                    "verl_pipe.shm", "verl_pipe.models", "verl_pipe.algorithms")),
     # built on the reward: the reward manager inside verl's reward loop, dataset tooling, run summaries
     ("reward plumbing and data", ("verl_pipe.reward_manager", "verl_pipe.data", "verl_pipe.run_metrics")),
     # the pipelined modes on verl's V1 trainer: they read the reward manager's per-sample timestamps
@@ -85,7 +88,7 @@ LAYERS = (
     ("plotting", ("verl_pipe.plot",)),
     # what a user runs: each may drive a trainer, a model, the reward, and plot
     ("commands", ("verl_pipe.quickstart", "verl_pipe.baseline", "verl_pipe.evaluation", "verl_pipe.bench",
-                  "verl_pipe.recipe_check", "verl_pipe.chaos")),
+                  "verl_pipe.recipe_check", "verl_pipe.chaos", "verl_pipe.gpu_check")),
     # entry points: verl's plugin hook, the table of patches it installs (whose code lives with each feature), the
     # docs written from that table, and the `verl-pipe` command: they reach everything
     ("entry points", ("verl_pipe.register", "verl_pipe.patch_registry", "verl_pipe.patch_docs", "verl_pipe.cli")),
@@ -157,6 +160,34 @@ def test_no_module_imports_a_higher_layer():
                 upward.append(f"{where} ({LAYERS[target_layer][0]})")
     assert not unknown, "imports of verl-pipe modules that do not exist:\n" + "\n".join(unknown)
     assert not upward, "imports from a lower layer into a higher one:\n" + "\n".join(upward)
+
+
+def _cpu_backend_imports(modules: dict[str, str]) -> list[str]:
+    """Where a trainer module imports the CPU backend, or names one of its modules (an import by string)."""
+    found = []
+    for module, path in sorted(modules.items()):
+        if not module.startswith("verl_pipe.trainers"):
+            continue
+        for line, target in _imports(module, path, set(modules)):
+            if target.startswith("verl_pipe.backends"):
+                found.append(f"{os.path.relpath(path, REPO)}:{line}: imports {target}")
+        for number, text in enumerate(open(path, encoding="utf-8"), start=1):
+            if "verl_pipe.backends" in text and "import" not in text and not text.lstrip().startswith("#"):
+                found.append(f"{os.path.relpath(path, REPO)}:{number}: names {text.strip()[:80]}")
+    return found
+
+
+def test_the_trainers_import_nothing_of_the_cpu_backend(tmp_path):
+    """The trainers run on GPU clusters: what they need of a rollout comes from verl_pipe.rollout (every platform),
+    never from verl_pipe.backends.cpu (a GPU path that only the CPU backend's classes made work is how
+    in_flight_pipeline came to refuse every GPU engine)."""
+    modules = _source_modules()
+    assert _cpu_backend_imports(modules) == []
+    # the control: a trainer module with a planted import of the CPU backend is found
+    planted = tmp_path / "planted.py"
+    planted.write_text("from verl_pipe.backends.cpu.hf_replica import HFReplica\n", encoding="utf-8")
+    found = _cpu_backend_imports({**modules, "verl_pipe.trainers.planted": str(planted)})
+    assert found == [f"{os.path.relpath(str(planted), REPO)}:1: imports verl_pipe.backends.cpu.hf_replica"], found
 
 
 def _patch_tables() -> dict[str, tuple]:

@@ -16,7 +16,7 @@ from verl_pipe.trainer_modes import TRAINER_MODES as _ALL_MODES, plugin_modes
 
 TRAINER_MODES = plugin_modes()  # the modes registered here (verl_pipe.trainer_modes holds them all)
 TRAINER_MODULES = tuple(_ALL_MODES[name].module for name in TRAINER_MODES)
-CHECKPOINT_ENGINE_MODULE = "verl_pipe.backends.cpu.gloo_checkpoint_engine"
+CHECKPOINT_ENGINE_MODULE = "verl_pipe.rollout.gloo_checkpoint_engine"
 
 
 def _import_all(names) -> None:

@@ -50,24 +50,23 @@ class InFlightCheckpointManager(CheckpointEngineManager):
 def enable_in_flight_updates(replicas) -> list:
     """Switch each replica's servers to in-flight loads; returns those that must be told each sync's version first.
 
-    The hf server loads a sync at its running batch's next decode step; vLLM's engine runs verl's weight RPC between
-    two steps already, and its server (the CPU backend's) counts which tokens came before each load."""
-    from verl_pipe.backends.cpu.hf_replica import HFReplica
-
+    A replica says what it can do (:mod:`verl_pipe.rollout.composition` refuses the others before any worker starts):
+    ``loads_in_flight``, its servers load a sync between two decode steps and tag every token (the hf server at its
+    running batch's next step; verl's vLLM server with verl-pipe's extension between two engine steps, counting
+    which tokens came before each load), and ``announces_versions``, they must be told each load's version first."""
     handles, listeners = [], []
     for replica in replicas:
-        if isinstance(replica, HFReplica):
-            servers = [replica._server_handle]
-        elif getattr(replica, "announces_versions", False):  # CPUvLLMReplica (importable only with vLLM)
-            servers = list(replica.servers)
-            listeners.extend(servers)
-        else:
+        if not getattr(replica, "loads_in_flight", False):
             raise TypeError(
                 f"in_flight_pipeline loads weights while requests run, which the {type(replica).__name__} replica "
-                "cannot report per token: set actor_rollout_ref.rollout.name=hf or vllm (on the CPU backend)"
+                "cannot report per token: set actor_rollout_ref.rollout.name=vllm (or hf on the CPU backend)"
             )
+        servers = list(replica.servers)
+        if getattr(replica, "announces_versions", False):
+            listeners.extend(servers)
         handles.extend(server.set_in_flight_updates.remote(True) for server in servers)
-    ray.get(handles)
+    if handles:
+        ray.get(handles)
     return listeners
 
 

@@ -1,6 +1,7 @@
 """Start-up checks of a pipelined mode's layout: each names the key and the fix before any worker starts.
 
-Hybrid replicas on, the ``naive`` checkpoint engine between separate pools, a batch that does not split into
+Hybrid replicas on, a rollout, checkpoint engine or platform that cannot run the mode (the ``naive`` engine between
+separate pools, in-flight loads on a replica without them: :mod:`verl_pipe.rollout.composition`), a batch that does not split into
 minibatches, uniform-group skipping with one sample per prompt, DAPO's group filter where it cannot run (a mode
 without refill yet, one sample per prompt, a reward known only after sampling), pools larger than the Ray cluster.
 The trainer runs them in its constructor; the recipes' dry run (:mod:`verl_pipe.recipe_check`) runs the same checks
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import ray
 
+from verl_pipe.rollout.composition import RolloutCompositionError, compose
 from verl_pipe.trainers.config import PipelineConfig, PipelineConfigError
 from verl_pipe.trainers.dynamic_sampling import DynamicSamplingConfig
 from verl_pipe.trainers.sampler_slot import user_sampler_configured
@@ -35,13 +37,10 @@ def check_layout(mode: str, pipeline_cfg: PipelineConfig, config) -> None:
             f"trainer.v1.trainer_mode={mode} needs a sampler pool: set actor_rollout_ref.rollout.nnodes >= 1 and "
             f"actor_rollout_ref.rollout.n_gpus_per_node >= 1 (got {rollout.nnodes} x {rollout.n_gpus_per_node})"
         )
-    backend = rollout.checkpoint_engine.backend
-    if backend == "naive":
-        raise PipelineConfigError(
-            "actor_rollout_ref.rollout.checkpoint_engine.backend=naive only syncs a trainer with rollout "
-            f"workers in its own processes; {mode} has separate pools: use backend=nccl on GPUs or "
-            "backend=gloo on the CPU backend"
-        )
+    try:  # the replica, server and checkpoint engine it would build: a combination that cannot work is refused now
+        compose(config)
+    except RolloutCompositionError as error:
+        raise PipelineConfigError(str(error)) from error
     train_batch = config.data.train_batch_size
     mini_batch = config.actor_rollout_ref.actor.ppo_mini_batch_size
     if mini_batch < 1 or train_batch % mini_batch:

@@ -14,7 +14,7 @@ the driver of every ``python -m verl.trainer.main_ppo`` run (:func:`_patch_run_p
 node, for verl's own modes and for a TaskRunner that was itself on the lost node; there the step is not known. The
 same patch places the TaskRunner on the trainer's node when ``VERL_PIPE_POOL_NODES`` names one (verl places it on
 any node, and a TaskRunner lost with the sampler's node takes the trainer's diagnosis with it), and at the driver's
-exit removes the shared-memory segments the run's killed processes left (:mod:`verl_pipe.backends.cpu.shm`).
+exit removes the shared-memory segments the run's killed processes left (:mod:`verl_pipe.shm`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Callable
 
 import ray
 
-from verl_pipe.backends.cpu.pool_nodes import POOL_NODES_ENV, pool_node_resources
-from verl_pipe.backends.cpu.shm import remove_orphans_at_exit
+from verl_pipe.pool_nodes import POOL_NODES_ENV, pool_node_resources
+from verl_pipe.shm import remove_orphans_at_exit
 from verl_pipe.patching import fired, is_patched
 from verl_pipe.patching import mark_patched as _mark
 

@@ -35,6 +35,7 @@ import ray
 from omegaconf import open_dict
 
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl_pipe.rollout.composition import check_built, compose, register_replica
 from verl_pipe.trainers.checkpoint_guard import check_resumable, saving_checkpoint
 from verl_pipe.trainers.config import PipelineConfig
 from verl_pipe.trainers.dead_replicas import (
@@ -90,7 +91,11 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
 
     def __init__(self, config):
         self.pipeline_cfg = PipelineConfig.from_section(self.MODE, config.trainer.v1.get(self.MODE, {}))
-        self._check_layout(config)
+        self._check_layout(config)  # refuses a rollout composition that cannot run the mode
+        # the replica, server, checkpoint manager and client this run builds, on this platform; verl's registry then
+        # builds that replica in this process
+        self.composition = compose(config)
+        register_replica(self.composition)
         minibatches = config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size
         with open_dict(config):
             # verl's separate_async constructor asserts this identity on its own section.
@@ -112,6 +117,10 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         if configured == "":
             return None
         return configured or os.path.join(self.config.trainer.default_local_dir, default_name)
+
+    def _setup(self):
+        super()._setup()
+        check_built(self.composition, self.standalone_server_manager.get_replicas())
 
     def fit(self, agent_loop_manager):
         step, checkpoints = (lambda: self.global_steps), self._checkpoint_dir()
@@ -289,9 +298,8 @@ class PipelinedTrainer(PPOTrainerSeparateAsync):
         """verl validates on the sampler pool while the trainer pool waits: lend the trainer ranks' torch threads to
         the hf servers for that time (on CPU the pools split the cores, and greedy validation is the sampler's
         slowest work), and take them back after. Other engines size their threads at start and keep them."""
-        from verl_pipe.backends.cpu.hf_replica import HFReplica
-
-        servers = [r._server_handle for r in self.standalone_server_manager.get_replicas() if isinstance(r, HFReplica)]
+        replicas = self.standalone_server_manager.get_replicas()
+        servers = [server for r in replicas if getattr(r, "lends_torch_threads", False) for server in r.servers]
         if not servers:
             return
         extra = 0

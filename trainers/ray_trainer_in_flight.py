@@ -50,7 +50,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 from verl_pipe.trainers.config import PipelineConfigError
-from verl_pipe.trainers.in_flight_sync import InFlightCheckpointManager, VersionKeepingClient, enable_in_flight_updates
+from verl_pipe.trainers.in_flight_sync import enable_in_flight_updates
 from verl_pipe.trainers.pipelined_trainer import PipelinedTrainer
 from verl_pipe.trainers.sampler_slot import IN_FLIGHT_BUFFER_NAME, IN_FLIGHT_BUFFER_PATH
 from verl_pipe.trainers.token_lag import sample_versions, token_lag_metrics
@@ -146,13 +146,6 @@ class InFlightPipelineTrainer(PipelinedTrainer):
 
     def _check_layout(self, config) -> None:
         super()._check_layout(config)
-        name = config.actor_rollout_ref.rollout.name
-        if name not in ("hf", "vllm"):
-            raise PipelineConfigError(
-                f"trainer.v1.{self.MODE} loads weights between decode steps and tags each token with the version "
-                f"that sampled it, which the {name!r} rollout cannot do yet: set actor_rollout_ref.rollout.name=hf "
-                "or vllm"
-            )
         cap, minibatch = self.pipeline_cfg.max_untrained_prompts, int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
         if cap is not None and cap < minibatch:
             raise PipelineConfigError(
@@ -173,13 +166,15 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         super()._setup()
         engine_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.rollout.checkpoint_engine)
         replicas = self.standalone_server_manager.get_replicas()
-        self.standalone_checkpoint_manager = InFlightCheckpointManager(
+        manager_cls = self.composition.load("checkpoint_manager")  # InFlightCheckpointManager: no abort
+        self.standalone_checkpoint_manager = manager_cls(
             config=engine_config, actor_wg=self.actor_rollout_wg, replicas=replicas
         )
         self.standalone_checkpoint_manager.version_listeners = tuple(enable_in_flight_updates(replicas))
 
     def get_llm_client(self):
-        return self.standalone_server_manager.get_client(client_cls=VersionKeepingClient)
+        # VersionKeepingClient: verl's partial-rollout client, keeping every token's version
+        return self.standalone_server_manager.get_client(client_cls=self.composition.load("llm_client"))
 
     # --- the feeder: refills the sampler's slots whenever the bound allows ----------------------------------------
 

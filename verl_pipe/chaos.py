@@ -60,7 +60,7 @@ from typing import Callable
 
 from verl_pipe.backends.cpu.faults import AFTER_REQUESTS_ENV, FAULT_ENV, FAULTS
 from verl_pipe.backends.cpu.generation_timing import GENERATION_TIMING_ENV
-from verl_pipe.backends.cpu.pool_nodes import POOL_NODES_ENV
+from verl_pipe.pool_nodes import POOL_NODES_ENV
 from verl_pipe.local_jobs import job_env, read_steps, stop_process_group
 from verl_pipe.trainer_modes import TRAINER_MODES
 

@@ -469,6 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--out-dir", dest="out_dir", help="where the runs go (default: runs/chaos-<time>)")
     chaos.set_defaults(func=_chaos)
 
+    # listed for the help; main() hands `gpu-check ...` to verl_pipe.gpu_check's own parser as typed
+    sub.add_parser("gpu-check", add_help=False,
+                   help="every trainer mode for 3 steps on this machine's NVIDIA GPUs (2 or more) with verl's vLLM "
+                   "rollout and nccl weight sync, checked as the CPU tier checks them (`verl-pipe gpu-check --help`; "
+                   "`make gpu-check` installs the CUDA stack first)")  # fmt: skip
+
     doctor = sub.add_parser("doctor", help="show what verl-pipe registers and what it finds on this machine")
     doctor.add_argument(
         "--markdown", action="store_true", help="print every patch of verl as Markdown (docs/upstream.md) and stop"
@@ -496,6 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         if tuple(given[: len(command)]) == command:
             print(f"verl-pipe: {pointer}", file=sys.stderr)
             return 2
+    if given[:1] == ["gpu-check"]:
+        from verl_pipe.gpu_check import main as gpu_check
+
+        return gpu_check(given[1:])
     args = build_parser().parse_args(argv)
     # Python's default SIGTERM ends the process without its `finally` blocks: a scheduler's or CI's SIGTERM would
     # leave the verl child and the Ray head this command started running on the machine.

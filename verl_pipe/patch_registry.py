@@ -121,7 +121,7 @@ SEVERAL_NODES = PatchGroup(
             why="the pool manager builds every pool without an `accelerator_type`, the one bundle entry by which a "
             "pool can ask for a node's custom resource; each pool then lands wherever it fits",
             upstream="a per-pool resource (or node label) in the pool spec, passed to `RayResourcePool`",
-            apply="verl_pipe.backends.cpu.pool_nodes:_patch_pool_node_resources",
+            apply="verl_pipe.pool_nodes:_patch_pool_node_resources",
             trigger=AT_PLUGIN_LOAD,
             when="cpu platform",
         ),

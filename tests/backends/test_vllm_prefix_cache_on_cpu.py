@@ -4,7 +4,7 @@ verl resets vLLM's prefix cache after every weight sync. Under ``in_flight_pipel
 load, and vLLM refuses the reset while they hold blocks, so without more a request submitted after the load finds
 its prompt's blocks from before it (a shared system prompt's, a validation prompt's, for the whole run). The CPU
 backend's server keys every new request's prefix-cache blocks on the loads begun
-(:func:`verl_pipe.backends.cpu.in_flight_loads.salt_prefills_by_weights`). Here SmolLM2 runs in vLLM's CPU engine:
+(:func:`verl_pipe.rollout.in_flight_loads.salt_prefills_by_weights`). Here SmolLM2 runs in vLLM's CPU engine:
 the premise (the reset fails while a request runs, and a new request then hits the stale blocks: the control), the
 fix (after a load it hits none) and what it keeps (requests under the same weights still share). Needs vLLM:
 ``make test`` runs this file from .venv-vllm.
@@ -30,8 +30,8 @@ from verl_pipe.backends.cpu.vllm_distribution import install_cpu_build_lookup  #
 
 install_cpu_build_lookup()
 
-from verl_pipe.backends.cpu.in_flight_loads import InFlightLoads, salt_prefills_by_weights  # noqa: E402
-from verl_pipe.backends.cpu.shm import removing_orphaned_segments  # noqa: E402
+from verl_pipe.rollout.in_flight_loads import InFlightLoads, salt_prefills_by_weights  # noqa: E402
+from verl_pipe.shm import removing_orphaned_segments  # noqa: E402
 from verl_pipe.models import smollm2_path  # noqa: E402
 
 BLOCK = 128  # vLLM's CPU block size: a prompt's full blocks are what the prefix cache keeps
@@ -96,13 +96,15 @@ def test_after_an_in_flight_load_no_new_request_reuses_the_old_weights_prompt_kv
     assert seen["salted_after_load_again"] == 2 * BLOCK, seen
 
 
-def test_the_cpu_server_salts_every_request_it_sends_while_loading_in_flight():
-    """The server's own path: ``CPUvLLMHttpServer.generate`` under in-flight loads salts what verl's generate hands
-    the engine (here verl's generate is replaced by one that calls the engine as verl does); without in-flight
-    loads (the control) nothing is salted."""
+@pytest.mark.parametrize("server_class", ["verl_pipe.rollout.vllm_server:PipevLLMHttpServer",
+                                          "verl_pipe.backends.cpu.vllm_replica:CPUvLLMHttpServer"])
+def test_the_server_salts_every_request_it_sends_while_loading_in_flight(server_class):
+    """The server's own path, in verl-pipe's vLLM server (what a GPU run builds) and the CPU backend's subclass:
+    ``generate`` under in-flight loads salts what verl's generate hands the engine (here verl's generate is replaced
+    by one that calls the engine as verl does); without in-flight loads (the control) nothing is salted."""
     from types import SimpleNamespace
 
-    from verl_pipe.backends.cpu import vllm_replica
+    from verl_pipe.rollout.composition import load_class
 
     class Engine:
         def __init__(self):
@@ -112,7 +114,7 @@ def test_the_cpu_server_salts_every_request_it_sends_while_loading_in_flight():
             self.prompts.append(prompt)
 
     def server(in_flight):
-        srv = object.__new__(vllm_replica.CPUvLLMHttpServer)  # no actor: only what generate reads
+        srv = object.__new__(load_class(server_class))  # no actor: only what generate reads
         srv.engine, srv._in_flight, srv._prefill_log, srv.global_steps = Engine(), in_flight, False, 1
 
         async def verl_generate(prompt_ids, sampling_params, request_id, *args, **kwargs):

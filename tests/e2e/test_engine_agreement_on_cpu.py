@@ -1,15 +1,12 @@
-"""The vLLM tests' check that an engine serves the trainer's weights (:mod:`engine_agreement`), on the metrics of
+"""The check that an engine serves the trainer's weights (:mod:`verl_pipe.engine_agreement`: the vLLM tier's and
+``make gpu-check``'s), on the metrics of
 recorded runs: it accepts every recorded step sampled from the actor's weights, a collapsed policy's included, and
 rejects every recorded step sampled one version behind. The controls are the simpler rules it replaces: each
 rejects a recorded correct step."""
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_agreement import (  # noqa: E402
+from verl_pipe.engine_agreement import (
     MAX,
     MEAN,
     MIN_PEARSON,

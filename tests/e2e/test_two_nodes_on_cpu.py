@@ -3,7 +3,7 @@
 
 The cluster is two raylets on this machine, each with its own object store and a custom resource
 (:func:`verl_pipe.local_jobs.joined_ray_node`), and ``VERL_PIPE_POOL_NODES`` places each pool by it
-(:mod:`verl_pipe.backends.cpu.pool_nodes`). What is checked, from Ray's actor table and the run's own records:
+(:mod:`verl_pipe.pool_nodes`). What is checked, from Ray's actor table and the run's own records:
 
 * every trainer worker and verl's TaskRunner ran on the trainer's node, every rollout worker and the hf server on
   the sampler's node;

@@ -15,7 +15,7 @@ is checked:
 * it starts, validates before training (the demo's default, which once crashed ``one_off_pipeline`` before its
   first step) and finishes, with a metrics record for every step;
 * wherever a step samples from the weights the trainer holds (staleness 0), the engine serves them: the rollout's
-  and the actor's per-token probabilities agree (:mod:`engine_agreement`, checked on recorded runs of both kinds
+  and the actor's per-token probabilities agree (:mod:`verl_pipe.engine_agreement`, checked on recorded runs of both kinds
   by test_engine_agreement_on_cpu.py); the reward varies and the learning rate is high, so every update moves the
   policy far enough that an engine left one version behind fails the check;
 * every weight sync changed the engine's weights (a checksum the worker extension appends to a probe file);
@@ -24,7 +24,7 @@ is checked:
   and the verdicts match the reward's own outside Ray (a reward that cannot execute the code fails the check);
 * both ``vllm_cpu_distribution@*`` patches ran (the patch ledger of the session);
 * what a sync inside answers costs in prefill on the real engine (the servers' prefill log,
-  :mod:`verl_pipe.backends.cpu.prefill_log`): verl's ``separate_async`` resubmits its aborted requests and vLLM
+  :mod:`verl_pipe.rollout.prefill_log`): verl's ``separate_async`` resubmits its aborted requests and vLLM
   prefills their answers again; ``in_flight_pipeline``, on the same run settings, resubmits and re-prefills
   nothing. Both runs' counts per step are printed side by side in the session's summary.
 """
@@ -43,17 +43,15 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from verl_pipe.backends.cpu.prefill_log import read_prefill_log
-from verl_pipe.backends.cpu.shm import removing_orphaned_segments
+from verl_pipe.rollout.prefill_log import read_prefill_log
+from verl_pipe.shm import removing_orphaned_segments
 from verl_pipe.data.embedded import write_embedded_dataset
 from verl_pipe.data.function_family import write_function_dataset
 from verl_pipe.quickstart import training_overrides
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from readme_demo import first_screen_demo  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_agreement import MAX, MEAN, PEARSON, disagreement  # noqa: E402
+from verl_pipe.engine_agreement import MAX, MEAN, PEARSON, disagreement  # noqa: E402
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
 # `make test` runs this file from .venv-vllm with this set: there a missing vLLM is a broken install, not a skip.
@@ -71,9 +69,9 @@ pytestmark = [
     pytest.mark.timeout(1200),
 ]
 
-# vLLM's worker inherits the job's environment (verl_pipe.backends.cpu.vllm_worker.SYNC_PROBE_ENV).
+# vLLM's worker inherits the job's environment (verl_pipe.rollout.vllm_worker.SYNC_PROBE_ENV).
 PROBE_ENV_OVERRIDE = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_VLLM_SYNC_PROBE"
-# verl_pipe.backends.cpu.prefill_log.PREFILL_LOG_ENV, in the rollout servers' environment.
+# verl_pipe.rollout.prefill_log.PREFILL_LOG_ENV, in the rollout servers' environment.
 PREFILL_LOG_OVERRIDE = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_PREFILL_LOG"
 LENGTH_REWARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "length_reward.py")
 # High enough that step 2's rollout would disagree with the actor if the second sync kept the old weights.

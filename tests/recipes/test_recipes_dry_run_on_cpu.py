@@ -151,7 +151,7 @@ def test_deepcoder_1_5b_prints_a_readable_summary(dry_runs):
     out = result.stdout
     for expected in (R1_1_5B, "response 32768", "n=8, temperature 0.6", "lr 1e-06",
                      "clip 0.2/0.28", "entropy coeff 0,", "KL loss off", "KL in reward off", "overlong filter all",
-                     "trainer mode  one_off_pipeline", "trainer 1x4=4", "sampler 1x4=4", "= 8 GPUs of 8 in the cluster",
+                     "trainer mode        one_off_pipeline", "trainer 1x4=4", "sampler 1x4=4", "= 8 GPUs of 8 in the cluster",
                      "train_batch_size 64 prompts", "ok: verl's validate_config passed"):  # fmt: skip
         assert expected in out, out
 
@@ -179,6 +179,41 @@ def test_gpu_recipes_run_in_flight_pipeline_on_separate_pools(dry_runs):
     s = _json(dry_runs, "14b_in_flight")
     _assert_layout(s, "in_flight_pipeline", 4, 8, trainer_gpus=16)
     assert s["parameter_sync_step"] == s["train_batch_size"] // s["ppo_mini_batch_size"]
+    # what the run builds on the GPUs: verl's vLLM server with verl-pipe's extension, switched to in-flight loads
+    # (before, the dry run never built a replica, and the real run raised TypeError once every worker was up)
+    classes = s["rollout_classes"]
+    assert classes["platform"] == "cuda" and classes["in_flight_loads"]
+    assert classes["replica"] == "verl_pipe.rollout.vllm_server:PipevLLMReplica"
+    assert classes["server"] == "verl_pipe.rollout.vllm_server:PipevLLMHttpServer"
+    assert classes["checkpoint_engine_cls"].endswith(":NCCLCheckpointEngine")
+    assert classes["checkpoint_manager"].endswith(":InFlightCheckpointManager")
+
+
+def test_every_gpu_recipe_dry_run_names_the_classes_it_builds(dry_runs):
+    """verl's own modes keep verl's own vLLM classes; ours get the extension (in-flight loads only in_flight's)."""
+    verl_vllm = "verl.workers.rollout.vllm_rollout.vllm_async_server:"
+    expected = {"14b_stage2_sync": (verl_vllm + "vLLMReplica", "naive", False),
+                "14b_stage1": ("verl_pipe.rollout.vllm_server:PipevLLMReplica", "nccl", False),
+                "scaler_stage3_minibatch": ("verl_pipe.rollout.vllm_server:PipevLLMReplica", "nccl", False),
+                "14b_in_flight": ("verl_pipe.rollout.vllm_server:PipevLLMReplica", "nccl", True)}  # fmt: skip
+    for name, (replica, engine, in_flight) in expected.items():
+        classes = _json(dry_runs, name)["rollout_classes"]
+        assert (classes["replica"], classes["checkpoint_engine"], classes["in_flight_loads"]) == (
+            replica, engine, in_flight), (name, classes)  # fmt: skip
+    text = dry_runs["1.5b_text"].result().stdout
+    assert "replica (cuda)      verl_pipe.rollout.vllm_server:PipevLLMReplica" in text, text
+    assert "checkpoint engine   nccl: verl.checkpoint_engine.nccl_checkpoint_engine:NCCLCheckpointEngine" in text
+
+
+@pytest.mark.parametrize(("rollout", "says"), [
+    ("sglang", "the 'sglang' rollout cannot do yet: set actor_rollout_ref.rollout.name=vllm"),
+    ("hf", "has no cuda path: set actor_rollout_ref.rollout.name=vllm"),
+])  # fmt: skip
+def test_a_rollout_that_would_fail_after_start_up_is_refused_before_it(rollout, says):
+    refused = _run(Run("deepcoder_14b.sh", {"DRY_RUN": "1", "TRAINER_MODE": "in_flight_pipeline"},
+                       (f"actor_rollout_ref.rollout.name={rollout}",)))  # fmt: skip
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "failed at actor_rollout_ref.rollout.name:" in refused.stderr and says in refused.stderr, refused.stderr
 
 
 def test_recipe_python_prefers_python_env_then_activated_venv_then_project_venv(tmp_path):

@@ -26,6 +26,13 @@ from verl_pipe.compat import SetupError
 
 
 class HFReplica(RolloutReplica):
+    # What the in-flight trainer asks of a replica: its server loads a sync at its running batch's next decode step
+    # and tags each token itself (no version announced first); and it takes the trainer's idle cores while the
+    # sampler pool validates (``lend_torch_threads``).
+    loads_in_flight = True
+    announces_versions = False
+    lends_torch_threads = True
+
     def __init__(
         self,
         replica_rank,

@@ -31,7 +31,7 @@ import torch
 
 from verl_pipe.backends.cpu.generation_timing import GenerationTiming, ReplicaTiming, generation_timing
 from verl_pipe.backends.cpu.hf_generation import BatchedGenerator, GenerationRequest, GenerationResult
-from verl_pipe.backends.cpu.in_flight_loads import version_tags
+from verl_pipe.rollout.in_flight_loads import version_tags
 
 logger = logging.getLogger("verl_pipe.hf_server")
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))  # verl's own verbosity switch; INFO logs every batch

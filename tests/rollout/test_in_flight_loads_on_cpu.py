@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from verl_pipe.backends.cpu.in_flight_loads import (
+from verl_pipe.rollout.in_flight_loads import (
     InFlightLoads,
     WeightLoad,
     caller_request_id,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_pipe.backends.cpu.pool_nodes import POOL_NODES_ENV, _patch_pool_node_resources, pool_node_resources
+from verl_pipe.pool_nodes import POOL_NODES_ENV, _patch_pool_node_resources, pool_node_resources
 
 SPEC = {"global_pool": [1], "rollout_pool_0": [1], "rollout_pool_1": [1]}
 

@@ -1,4 +1,5 @@
-"""When does a rollout engine serve the trainer's weights? Read from verl's per-step debug metrics.
+"""When does a rollout engine serve the trainer's weights? Read from verl's per-step debug metrics (the vLLM tier's
+check, and ``make gpu-check``'s).
 
 verl compares, token by token, the probability the rollout engine gave each sampled token with the one the actor
 computes (``verl.utils.debug.metrics.calculate_debug_metrics``). On steps sampled from the weights the trainer

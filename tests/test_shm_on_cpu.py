@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from verl_pipe.backends.cpu.shm import leakable_segments, remove_orphaned_segments, removing_orphaned_segments
+from verl_pipe.shm import leakable_segments, remove_orphaned_segments, removing_orphaned_segments
 
 # A process that creates a segment, maps it (as verl's bucket sender does) and says so, then waits to be killed.
 HOLDER = """
@@ -78,7 +78,7 @@ def test_a_driver_removes_at_exit_what_its_killed_workers_left(tmp_path):
     driver = textwrap.dedent(f"""
         import signal, subprocess, sys
         import ray  # its exit hook is registered first: ours must run before it
-        from verl_pipe.backends.cpu.shm import remove_orphans_at_exit
+        from verl_pipe.shm import remove_orphans_at_exit
         remove_orphans_at_exit(wait_s=1.0)
         worker = subprocess.Popen([sys.executable, "-c", {HOLDER!r}, {orphan!r}], stdout=subprocess.PIPE, text=True)
         assert worker.stdout.readline().strip() == "mapped"
