@@ -49,16 +49,18 @@ def rounded_to_an_integer(answer: str, normalized: str) -> bool:
     """Whether verl's ``_normalize`` turned a number that is not that integer into it.
 
     ``_normalize`` rounds any float within 1e-7 of an integer to the integer (and truncates toward zero as it
-    does, so ``2.99999999`` becomes ``2``): ``1e-8`` would equal an exact 0. An answer is a number only once,
-    so when the normalised answer is an integer and the answer holds exactly one number, that number must be it.
-    """
+    does, so ``2.99999999`` becomes ``2``): ``1e-8`` would equal an exact 0. It also strips units, exponent
+    and all, so ``11.99999999 cm^2`` becomes ``12``. When the normalised answer is an integer, the answer's
+    value is its first number (what follows is a unit and its exponents, a degree sign, a percent sign), and
+    that number must be the integer exactly. An answer with no number (``\\pi``, ``\\infty``) did not
+    round."""
     if not _INTEGER.fullmatch(normalized):
         return False
-    numbers = NUMBER.findall(answer)
-    if len(numbers) != 1:
+    first = NUMBER.search(answer)
+    if first is None:
         return False
     try:
-        return Decimal(numbers[0].replace(",", "")) != Decimal(normalized)
+        return Decimal(first.group().replace(",", "")) != Decimal(normalized)
     except ArithmeticError:
         return True
 

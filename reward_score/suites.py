@@ -20,6 +20,8 @@ are the strong ones); they then run in dataset order, so cheap sample tests fail
 
 from __future__ import annotations
 
+import ast
+import builtins
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +65,9 @@ class TestSuite:
     # The problem's prompt code (HumanEval's signature and helpers): trusted, run in the tests' process, and the
     # names it defines there are its own, never the candidate's (the entry point excepted).
     prompt_code: str = ""
+    # Every name the test code binds (imports, definitions, assignments): a star import of the candidate's module
+    # (`from solution import *`) never rebinds one of them (nor a builtin, nor a module).
+    test_binds: tuple[str, ...] = ()
 
 
 def _as_json(value: Any, what: str) -> Any:
@@ -152,6 +157,33 @@ def taco_suite(ground_truth: Any, extra_info: Mapping[str, Any] | None, max_test
     return TestSuite("functional", selected, len(tests), func_name=func_name, prelude=LCB_PRELUDE)
 
 
+def names_bound_by(code: str) -> frozenset[str]:
+    """Every name ``code`` binds anywhere (trusted test code, parsed, never run here): assignment and loop
+    targets, definitions, parameters, imports, exception and match names, global/nonlocal declarations."""
+    bound: set[str] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.alias) and node.name != "*":
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+    return frozenset(bound)
+
+
+def names_used_free(code: str) -> frozenset[str]:
+    """Names ``code`` loads that it binds nowhere and that are not builtins: what it expects from outside."""
+    loaded = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)
+              and isinstance(node.ctx, ast.Load)}  # fmt: skip
+    return frozenset(loaded - names_bound_by(code) - set(dir(builtins)))
+
+
 def humaneval_suite(ground_truth: Any, extra_info: Mapping[str, Any] | None) -> TestSuite:
     gt = _as_json(ground_truth, "humaneval ground_truth") if _looks_like_json_object(ground_truth) else ground_truth
     if isinstance(gt, Mapping):
@@ -168,7 +200,27 @@ def humaneval_suite(ground_truth: Any, extra_info: Mapping[str, Any] | None) -> 
             compile(prompt, "<prompt>", "exec", dont_inherit=True)
         except (SyntaxError, ValueError) as error:
             raise ValueError(f"humaneval ground_truth['prompt'] is not Python code ({error})") from None
+    # Only the entry point comes from the candidate; any other name the tests call (HumanEval/32's `poly`) is the
+    # prompt's. Without the prompt such a name could only come from the candidate, who could then redefine it.
+    missing = sorted(_test_code_names(test_code, "humaneval") - names_bound_by(prompt or "") - {entry_point})
+    if missing:
+        raise ValueError(f"humaneval tests call {', '.join(missing)}, which the problem's prompt defines: put the "
+                         "prompt in ground_truth['prompt'] (the candidate cannot be trusted to define it)")  # fmt: skip
     return TestSuite("assert", [TestCase()], 1, test_code=test_code, entry_point=entry_point, prompt_code=prompt)
+
+
+def _test_code_names(test_code: str, source: str) -> frozenset[str]:
+    try:
+        return names_used_free(test_code)
+    except (SyntaxError, ValueError) as error:  # the row's fault, not the candidate's: a data error
+        raise ValueError(f"{source} test code is not Python code ({error})") from None
+
+
+def _test_binds(test_code: str, source: str) -> tuple[str, ...]:
+    try:
+        return tuple(sorted(names_bound_by(test_code)))
+    except (SyntaxError, ValueError) as error:
+        raise ValueError(f"{source} test code is not Python code ({error})") from None
 
 
 def mbpp_suite(ground_truth: Any) -> TestSuite:
@@ -182,7 +234,7 @@ def mbpp_suite(ground_truth: Any) -> TestSuite:
     test_code = "\n".join(str(line) for line in lines if line)
     if "assert" not in test_code:
         raise ValueError("mbpp ground_truth needs assert statements (a list, or {'test_list': [...]})")
-    return TestSuite("assert", [TestCase()], 1, test_code=test_code)
+    return TestSuite("assert", [TestCase()], 1, test_code=test_code, test_binds=_test_binds(test_code, "mbpp"))
 
 
 def kodcode_suite(ground_truth: Any) -> TestSuite:
@@ -190,7 +242,7 @@ def kodcode_suite(ground_truth: Any) -> TestSuite:
     test_code = str(gt.get("test") if isinstance(gt, Mapping) else gt)
     if "def test_" not in test_code:
         raise ValueError("kodcode ground_truth must be pytest-style test code with def test_... functions")
-    return TestSuite("assert", [TestCase()], 1, test_code=test_code)
+    return TestSuite("assert", [TestCase()], 1, test_code=test_code, test_binds=_test_binds(test_code, "kodcode"))
 
 
 def _looks_like_json(value: Any) -> bool:

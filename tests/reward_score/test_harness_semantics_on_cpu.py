@@ -202,11 +202,26 @@ def test_the_tests_use_the_prompts_helpers_not_the_programs():
     assert score("humaneval", "x = 1\n", POLY_TRUTH)["outcome"] == "runtime_error"
 
 
-def test_without_the_prompt_the_programs_names_stand_in_as_before():
-    """Rows without a prompt keep the earlier rule (every name of the program); the datasets we build carry it."""
+def test_a_row_whose_tests_call_a_helper_it_has_no_prompt_for_is_a_data_error():
+    """Without the prompt the tests' `poly` could only be the program's, which a wrong program redefines (the
+    earlier rule passed REDEFINE_THE_HELPER on such a row: the hole a hostile suite found). The row is refused,
+    naming the helper and the fix; a row whose tests call only the candidate needs no prompt (the control)."""
     truth = {key: value for key, value in POLY_TRUTH.items() if key != "prompt"}
-    assert score("humaneval", POLY_RIGHT, truth)["outcome"] == "pass"
-    assert score("humaneval", REDEFINE_THE_HELPER, truth)["outcome"] == "pass"  # the hole the prompt closes
+    for program in (POLY_RIGHT, REDEFINE_THE_HELPER):
+        with pytest.raises(ValueError, match=r"humaneval tests call poly, which the problem's prompt defines: put "
+                                             r"the prompt in ground_truth\['prompt'\]"):  # fmt: skip
+            score("humaneval", program, truth)
+    square = {"test": MAP_CHECK, "entry_point": "square"}
+    assert score("humaneval", SQUARE_RIGHT, square)["outcome"] == "pass"
+
+
+def test_only_the_entry_point_comes_from_the_program():
+    """With a prompt, a name the program defines besides the entry point never reaches the tests: a check that
+    calls a helper the prompt does not define meets a NameError, not the program's definition."""
+    tests = "def check(candidate):\n    assert candidate(2) == 4 and shortcut() == 1\n"
+    truth = {"test": tests, "entry_point": "square", "prompt": "def square(x):\n    pass\n"}
+    with pytest.raises(ValueError, match="humaneval tests call shortcut"):
+        score("humaneval", SQUARE_RIGHT + "def shortcut():\n    return 1\n", truth)
 
 
 def test_a_prompt_that_is_not_python_is_a_data_error():
