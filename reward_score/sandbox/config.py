@@ -47,6 +47,10 @@ class SandboxConfig:
     # The seccomp filter (sandbox.seccomp): kernel keyrings, file-activity notification, new namespaces, process
     # inspection and other calls no graded program needs are denied. Off only to show what it prevents.
     seccomp: bool = True
+    # Hide /proc/sys and the pty multiplexer (/dev/pts, so /dev/ptmx leads nowhere): global counters there
+    # (open ptys, open files, inodes) are the same in every sandbox, and a sample can move one that another reads.
+    # Off only to show what it prevents.
+    hide_global_counters: bool = True
 
     def __post_init__(self) -> None:
         for key in ("memory_mb", "output_mb", "result_mb", "max_processes", "open_files", "tmpfs_mb"):
@@ -58,7 +62,7 @@ class SandboxConfig:
             )
         if self.startup_timeout_s <= 0:
             raise ValueError(f"sandbox.startup_timeout_s must be positive, got {self.startup_timeout_s}")
-        for key in ("use_cgroups", "seccomp"):
+        for key in ("use_cgroups", "seccomp", "hide_global_counters"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"sandbox.{key} must be true or false, got {getattr(self, key)!r}")
         memory = self.cgroup_memory_mb

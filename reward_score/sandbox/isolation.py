@@ -118,6 +118,8 @@ def bwrap_argv(cfg: SandboxConfig, bwrap: str, seccomp_fd: int | None = None) ->
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
+    if cfg.hide_global_counters:  # empty in their place: no pty to open, no system-wide counter to read
+        argv += ["--tmpfs", "/dev/pts", "--tmpfs", "/proc/sys"]
     argv += ["--perms", "1777", "--size", str(cfg.tmpfs_mb << 20), "--tmpfs", "/tmp"]
     made: set[str] = set()
     for root in _interpreter_roots():

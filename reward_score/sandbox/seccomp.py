@@ -13,7 +13,12 @@ namespaced, and a program that computes nothing could use it to read what anothe
 * **process inspection** (``ptrace``, ``process_vm_readv``/``writev``, ``kcmp``, ``pidfd_getfd``,
   ``perf_event_open``);
 * kernel interfaces that have been the way out of sandboxes before: ``bpf``, ``userfaultfd``, ``io_uring``, the
-  mount calls, and file-handle opens (``open_by_handle_at``).
+  mount calls, and file-handle opens (``open_by_handle_at``);
+* **kernel objects keyed by a file every sandbox shares** (the interpreter's read-only tree is the same inode
+  in every sandbox): record locks, leases and directory notification (``fcntl`` with a lock, lease or notify
+  command; ``flock``), futexes other than process-private ones (a futex in a file mapping is keyed by the file),
+  and page-cache residency probed without blocking (``mincore``, ``cachestat``, ``fadvise``, ``preadv2`` and
+  ``pwritev2`` with ``RWF_NOWAIT``). Each lets one sample signal another, or a later one.
 
 Everything else is allowed; each denied call fails with EPERM, so a program sees an ordinary error. System calls
 of another ABI than the host's (i386 ``int 0x80`` on x86-64, x32) are denied as a whole, or the filter could be
@@ -42,7 +47,13 @@ _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
 # struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6] (little-endian hosts here)
 _NR_OFFSET, _ARCH_OFFSET, _ARG0_LOW_OFFSET = 0, 4, 16
+_ARG_SIZE = 8
 
+# fcntl commands on kernel objects keyed by the file (linux/fcntl.h): F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK,
+# F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY. The rest (descriptor flags, F_DUPFD, pipes) pass.
+FCNTL_SHARED_OBJECT_CMDS = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
+FUTEX_PRIVATE_FLAG = 128  # a futex op without it is keyed by the mapping's file or by shared memory
+RWF_NOWAIT = 0x8  # preadv2/pwritev2: fail rather than block, i.e. tell whether the pages are in the page cache
 # Every CLONE_NEW* flag: NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET.
 CLONE_NEW_FLAGS = 0x80 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
@@ -54,6 +65,8 @@ DENIED_GROUPS = {
     "namespaces": ("unshare", "setns"),
     "process inspection": ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
                            "perf_event_open"),
+    "objects keyed by shared files": ("flock", "mincore", "fadvise64", "cachestat", "futex_waitv", "futex_wake",
+                                      "futex_wait", "futex_requeue"),
     "kernel attack surface": ("bpf", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
                               "mount", "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsconfig",
                               "fsmount", "fspick", "mount_setattr", "name_to_handle_at", "open_by_handle_at"),
@@ -71,21 +84,24 @@ class Abi:
 # The 64-bit ABI's numbers (x86-64: arch/x86/entry/syscalls/syscall_64.tbl; aarch64: asm-generic/unistd.h).
 _SHARED_NEW = {"pidfd_getfd": 438, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
                "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-               "clone3": 435, "mount_setattr": 442}  # fmt: skip
+               "clone3": 435, "mount_setattr": 442, "futex_waitv": 449, "cachestat": 451, "futex_wake": 454,
+               "futex_wait": 455, "futex_requeue": 456}  # fmt: skip
 ABIS = {
     "x86_64": Abi("x86_64", 0xC000003E, {
         "clone": 56, "ptrace": 101, "pivot_root": 155, "mount": 165, "umount2": 166, "add_key": 248,
         "request_key": 249, "keyctl": 250, "inotify_init": 253, "inotify_add_watch": 254, "unshare": 272,
         "inotify_init1": 294, "perf_event_open": 298, "fanotify_init": 300, "fanotify_mark": 301,
         "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308, "process_vm_readv": 310,
-        "process_vm_writev": 311, "kcmp": 312, "bpf": 321, "userfaultfd": 323, **_SHARED_NEW,
+        "process_vm_writev": 311, "kcmp": 312, "bpf": 321, "userfaultfd": 323, "mincore": 27, "fcntl": 72,
+        "flock": 73, "futex": 202, "fadvise64": 221, "preadv2": 327, "pwritev2": 328, **_SHARED_NEW,
     }, x32_bit=0x40000000),
     "aarch64": Abi("aarch64", 0xC00000B7, {
         "inotify_init1": 26, "inotify_add_watch": 27, "umount2": 39, "mount": 40, "pivot_root": 41, "unshare": 97,
         "ptrace": 117, "add_key": 217, "request_key": 218, "keyctl": 219, "clone": 220, "perf_event_open": 241,
         "fanotify_init": 262, "fanotify_mark": 263, "name_to_handle_at": 264, "open_by_handle_at": 265,
         "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "bpf": 280,
-        "userfaultfd": 282, **_SHARED_NEW,
+        "userfaultfd": 282, "fcntl": 25, "flock": 32, "futex": 98, "fadvise64": 223, "mincore": 232,
+        "preadv2": 286, "pwritev2": 287, **_SHARED_NEW,
     }),
 }  # fmt: skip
 _MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
@@ -125,8 +141,29 @@ def build_filter(abi: Abi) -> bytes:
         for name in group:
             if name in abi.numbers:  # aarch64 has no inotify_init (inotify_init1 covers it)
                 program += [_insn(_JEQ_K, abi.numbers[name], jf=1), deny]
-    program.append(_insn(_RET_K, _RET_ALLOW))
+    # Calls denied for some arguments only. Each block ends in a return, so A (the call number) is reloaded nowhere.
+    allow = _insn(_RET_K, _RET_ALLOW)
+    fcntl = [_insn(_LD_W_ABS, _arg(1))]
+    for command in FCNTL_SHARED_OBJECT_CMDS:
+        fcntl += [_insn(_JEQ_K, command, jf=1), deny]
+    program += _for_call(abi.numbers["fcntl"], fcntl + [allow])
+    program += _for_call(abi.numbers["futex"],
+                         [_insn(_LD_W_ABS, _arg(1)), _insn(_JSET_K, FUTEX_PRIVATE_FLAG, jf=1), allow, deny])
+    for name in ("preadv2", "pwritev2"):  # flags are the sixth argument
+        program += _for_call(abi.numbers[name], [_insn(_LD_W_ABS, _arg(5)), _insn(_JSET_K, RWF_NOWAIT, jf=1), deny,
+                                                 allow])  # fmt: skip
+    program.append(allow)
     return b"".join(program)
+
+
+def _arg(index: int) -> int:
+    """Offset of the low 32 bits of system-call argument ``index`` in struct seccomp_data (little-endian)."""
+    return _ARG0_LOW_OFFSET + _ARG_SIZE * index
+
+
+def _for_call(number: int, block: list[bytes]) -> list[bytes]:
+    """``block`` for system call ``number`` (A holds the call number); any other call jumps past it."""
+    return [_insn(_JEQ_K, number, jf=len(block)), *block]
 
 
 def filter_fd(abi: Abi) -> int:
@@ -150,4 +187,6 @@ def filter_status() -> str:
                 "new namespaces and ptrace (channels between samples the namespaces do not close)")  # fmt: skip
     groups = "; ".join(f"{reason}: {', '.join(names)}" for reason, names in DENIED_GROUPS.items())
     return (f"seccomp filter ({abi.name}, loaded by bubblewrap) denies {groups}; clone with CLONE_NEW* flags; "
-            "clone3 (ENOSYS, the C library falls back to clone); system calls of any other ABI")
+            "clone3 (ENOSYS, the C library falls back to clone); fcntl's lock, lease and notify commands; futex "
+            "operations that are not process-private; preadv2/pwritev2 with RWF_NOWAIT; system calls of any other "
+            "ABI")

@@ -163,3 +163,189 @@ def test_the_filter_program_refuses_foreign_abis_first():
     assert int.from_bytes(first[1][4:], "little") == ABI.audit_arch
     assert int.from_bytes(first[2][4:], "little") == 0x00050000 | errno.EPERM  # anything else: EPERM
     assert "\n" not in seccomp.filter_status() and ABI.name in seccomp.filter_status()
+
+
+# --- kernel objects keyed by a file every sandbox shares, and global counters ------------------------------------
+#
+# Every sandbox binds the same interpreter tree read-only, so its files are the same inodes everywhere. A receiver
+# and a sender run at once in two sandboxes; the receiver says whether it saw the sender. Each is shown working
+# without the defence (the control) and refused with it.
+
+SHARED_FILE = "import json, os\nTARGET = os.path.join(os.path.dirname(json.__file__), 'tool.py')\n"
+BIG_SHARED_FILE = "import os, pydoc_data\nTARGET = os.path.join(os.path.dirname(pydoc_data.__file__), 'topics.py')\n"
+
+RECORD_LOCK_RECEIVER = SHARED_FILE + """
+import fcntl, struct, time
+fd = os.open(TARGET, os.O_RDONLY)
+probe = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 4242, 1, 0)  # would a write lock on byte 4242 conflict?
+try:
+    for _ in range(40):
+        if struct.unpack("hhqqi", fcntl.fcntl(fd, fcntl.F_GETLK, probe))[0] != fcntl.F_UNLCK:
+            print("seen"); break
+        time.sleep(0.1)
+    else:
+        print("quiet")
+except OSError as error:
+    print("denied", error.errno)
+"""
+RECORD_LOCK_SENDER = SHARED_FILE + """
+import fcntl, time
+fd = os.open(TARGET, os.O_RDONLY)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 4242)  # a read lock on one byte of a read-only file
+    time.sleep(3)
+    print("sent")
+except OSError as error:
+    print("denied", error.errno)
+"""
+
+NOTIFY_RECEIVER = SHARED_FILE + """
+import fcntl, signal, time
+seen = []
+signal.signal(signal.SIGIO, lambda *_: seen.append(1))
+fd = os.open(os.path.dirname(TARGET), os.O_RDONLY)
+try:
+    fcntl.fcntl(fd, fcntl.F_NOTIFY, fcntl.DN_ACCESS | fcntl.DN_MULTISHOT)
+    for _ in range(40):
+        if seen:
+            break
+        time.sleep(0.1)
+    print("seen" if seen else "quiet")
+except OSError as error:
+    print("denied", error.errno)
+"""
+READ_THE_SHARED_FILE = SHARED_FILE + """
+import time
+for _ in range(30):
+    with open(TARGET, "rb") as handle:
+        handle.read()
+    time.sleep(0.1)
+print("sent")
+"""
+
+FUTEX = """
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+address = libc.mmap(None, 4096, 1, 1, os.open(TARGET, os.O_RDONLY), 0)  # PROT_READ, MAP_SHARED
+word = ctypes.c_uint32.from_address(address).value
+"""
+FUTEX_RECEIVER = SHARED_FILE + FUTEX + f"""
+timeout = (ctypes.c_long * 2)(4, 0)
+result, err = syscall({ABI.numbers['futex']}, ctypes.c_void_p(address), 0, word, timeout)  # FUTEX_WAIT, shared
+print("seen" if result == 0 else ("quiet" if err == errno.ETIMEDOUT else f"denied {{err}}"))
+"""
+FUTEX_SENDER = SHARED_FILE + FUTEX + f"""
+import time
+for _ in range(30):
+    result, err = syscall({ABI.numbers['futex']}, ctypes.c_void_p(address), 1, 1)  # FUTEX_WAKE one, shared
+    if result < 0:
+        print("denied", err); break
+    time.sleep(0.1)
+else:
+    print("sent")
+"""
+
+RESIDENCY_RECEIVER = BIG_SHARED_FILE + f"""
+import time
+fd = os.open(TARGET, os.O_RDONLY)
+size = os.fstat(fd).st_size
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+address = libc.mmap(None, size, 1, 2, fd, 0)  # PROT_READ, MAP_PRIVATE: touched by nobody here
+pages = (size + 4095) // 4096
+vector = (ctypes.c_ubyte * pages)()
+def resident():
+    result, err = syscall({ABI.numbers['mincore']}, ctypes.c_void_p(address), size, vector)
+    if result < 0:
+        raise OSError(err, "mincore")
+    return sum(v & 1 for v in vector)
+try:
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache (nothing maps it)
+    print("evicted", resident(), flush=True)
+    for _ in range(40):
+        if resident() > pages // 2:
+            print("seen"); break
+        time.sleep(0.1)
+    else:
+        print("quiet")
+except OSError as error:
+    print("denied", error.errno)
+try:
+    os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)  # the other probe: fails at once where not cached
+    print("nowait read")
+except BlockingIOError:
+    print("nowait read")
+except OSError as error:
+    print("nowait denied", error.errno)
+"""
+READ_THE_BIG_SHARED_FILE = BIG_SHARED_FILE + """
+import time
+time.sleep(1.0)  # after the receiver's eviction
+for _ in range(20):
+    with open(TARGET, "rb") as handle:
+        handle.read()
+    time.sleep(0.1)
+print("sent")
+"""
+
+PTY_RECEIVER = """
+import time
+def count():
+    with open("/proc/sys/kernel/pty/nr") as handle:
+        return int(handle.read())
+try:
+    before = count()
+    for _ in range(40):
+        if count() >= before + 8:
+            print("seen"); break
+        time.sleep(0.1)
+    else:
+        print("quiet")
+except OSError as error:
+    print("hidden", error.errno)
+"""
+PTY_SENDER = """
+import time
+try:
+    held = [os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY) for _ in range(10)]
+    time.sleep(3)
+    print("sent")
+except OSError as error:
+    print("hidden", error.errno)
+"""
+
+
+def _receive_while_another_sends(receiver: str, sender: str, cfg: SandboxConfig) -> tuple[str, str]:
+    received: list[str] = []
+    listening = threading.Thread(target=lambda: received.append(run(receiver, cfg, timeout=12.0)))
+    listening.start()
+    time.sleep(0.5)  # the receiver's sandbox is up (it listens for 4 s)
+    sent = run(sender, cfg, timeout=12.0)
+    listening.join(timeout=30)
+    return received[0], sent
+
+
+CHANNELS = {  # name: (receiver, sender, what the receiver says under the defence)
+    "record lock": (RECORD_LOCK_RECEIVER, RECORD_LOCK_SENDER, f"denied {errno.EPERM}"),
+    "directory notification": (NOTIFY_RECEIVER, READ_THE_SHARED_FILE, f"denied {errno.EPERM}"),
+    "futex in a file mapping": (FUTEX_RECEIVER, FUTEX_SENDER, f"denied {errno.EPERM}"),
+    "page-cache residency": (RESIDENCY_RECEIVER, READ_THE_BIG_SHARED_FILE, f"denied {errno.EPERM}"),
+    "pty counter": (PTY_RECEIVER, PTY_SENDER, f"hidden {errno.ENOENT}"),
+}
+# The defence each channel meets: the seccomp filter, or /proc/sys and /dev/pts hidden.
+DEFENCE_OFF = {name: SandboxConfig(hide_global_counters=False) if name == "pty counter" else UNFILTERED
+               for name in CHANNELS}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CHANNELS))
+def test_no_kernel_object_or_global_counter_carries_a_signal_between_concurrent_samples(name):
+    receiver, sender, refused = CHANNELS[name]
+    received, _ = _receive_while_another_sends(receiver, sender, DEFENCE_OFF[name])
+    assert received.splitlines()[-2 if name == "page-cache residency" else -1] == "seen", (
+        f"the control: without the defence the receiver sees the sender ({received!r})")  # fmt: skip
+    received, sent = _receive_while_another_sends(receiver, sender, FILTERED)
+    lines = received.splitlines()
+    assert refused in lines, received
+    if name == "page-cache residency":
+        assert lines[-1] == f"nowait denied {errno.EPERM}", received
+    assert sent == "sent" or sent.startswith(("denied", "hidden")), sent
