@@ -1,9 +1,10 @@
 """Start-up checks of a pipelined mode's layout: each names the key and the fix before any worker starts.
 
 Hybrid replicas on, a rollout, checkpoint engine or platform that cannot run the mode (the ``naive`` engine between
-separate pools, in-flight loads on a replica without them: :mod:`verl_pipe.rollout.composition`), a batch that does not split into
-minibatches, uniform-group skipping with one sample per prompt, DAPO's group filter where it cannot run (a mode
-without refill yet, one sample per prompt, a reward known only after sampling), pools larger than the Ray cluster.
+separate pools, in-flight loads on a replica without them: :mod:`verl_pipe.rollout.composition`), a batch that does
+not split into minibatches, uniform-group skipping with one sample per prompt, DAPO's group filter where it cannot
+run (a mode without refill yet, one sample per prompt, a reward known only after sampling), pools larger than the
+Ray cluster.
 The trainer runs them in its constructor; the recipes' dry run (:mod:`verl_pipe.recipe_check`) runs the same checks
 without one.
 """

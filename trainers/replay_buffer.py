@@ -123,8 +123,8 @@ class PipelineReplayBuffer(ReplayBufferAsync):
             logger.warning(warning)
 
     def _wait_for_next_poll(self, partition_id, last_debug_time):
-        self._stall_watch.observe(self._progress(partition_id), lambda s, dead: self._stall_diagnosis(partition_id, s, dead),
-                                  self._an_actor_is_dead)  # fmt: skip
+        describe = lambda seconds, dead: self._stall_diagnosis(partition_id, seconds, dead)  # noqa: E731
+        self._stall_watch.observe(self._progress(partition_id), describe, self._an_actor_is_dead)
         if self.on_poll is not None:
             self.on_poll(partition_id)
         return super()._wait_for_next_poll(partition_id, last_debug_time)

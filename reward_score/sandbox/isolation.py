@@ -227,6 +227,7 @@ _FILTER_PROBES = (
     ("file-activity notification", "inotify_init1", (0,)),
     ("namespaces", "unshare", (0x10000000,)),  # CLONE_NEWUSER
     ("process inspection", "kcmp", (1, 1, 0, 0, 0)),  # KCMP_FILE of init's fd 0 with itself
+    ("objects keyed by shared files", "flock", (0, 6)),  # LOCK_EX | LOCK_NB on stdin
 )
 
 

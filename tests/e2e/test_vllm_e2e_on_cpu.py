@@ -15,8 +15,8 @@ is checked:
 * it starts, validates before training (the demo's default, which once crashed ``one_off_pipeline`` before its
   first step) and finishes, with a metrics record for every step;
 * wherever a step samples from the weights the trainer holds (staleness 0), the engine serves them: the rollout's
-  and the actor's per-token probabilities agree (:mod:`verl_pipe.engine_agreement`, checked on recorded runs of both kinds
-  by test_engine_agreement_on_cpu.py); the reward varies and the learning rate is high, so every update moves the
+  and the actor's per-token probabilities agree (:mod:`verl_pipe.engine_agreement`, checked on recorded runs of
+  both kinds by test_engine_agreement_on_cpu.py); the reward varies and the learning rate is high, so every update moves the
   policy far enough that an engine left one version behind fails the check;
 * every weight sync changed the engine's weights (a checksum the worker extension appends to a probe file);
 * in the sync run, the validation before training scores SmolLM2's functions with the real code reward, each

@@ -151,7 +151,8 @@ def test_deepcoder_1_5b_prints_a_readable_summary(dry_runs):
     out = result.stdout
     for expected in (R1_1_5B, "response 32768", "n=8, temperature 0.6", "lr 1e-06",
                      "clip 0.2/0.28", "entropy coeff 0,", "KL loss off", "KL in reward off", "overlong filter all",
-                     "trainer mode        one_off_pipeline", "trainer 1x4=4", "sampler 1x4=4", "= 8 GPUs of 8 in the cluster",
+                     "trainer mode        one_off_pipeline", "trainer 1x4=4", "sampler 1x4=4",
+                     "= 8 GPUs of 8 in the cluster",
                      "train_batch_size 64 prompts", "ok: verl's validate_config passed"):  # fmt: skip
         assert expected in out, out
 

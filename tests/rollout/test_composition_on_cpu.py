@@ -112,7 +112,8 @@ def test_the_platform_is_the_cpu_backend_or_verls_device(gpu_configs, monkeypatc
      "has no cuda path: set actor_rollout_ref.rollout.name=vllm"),
     # naive across pools (the presets set nccl; a user's override put it back)
     ({"actor_rollout_ref__rollout__checkpoint_engine__backend": "naive"}, "cuda",
-     "actor_rollout_ref.rollout.checkpoint_engine.backend", "set actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"),
+     "actor_rollout_ref.rollout.checkpoint_engine.backend",
+     "set actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"),
     ({"actor_rollout_ref__rollout__checkpoint_engine__backend": "naive"}, "cpu",
      "actor_rollout_ref.rollout.checkpoint_engine.backend", "backend=gloo (the CPU backend)"),
     ({"actor_rollout_ref__rollout__disaggregation__enabled": True}, "cuda",

@@ -167,3 +167,14 @@ def test_keys_listed_without_a_sample_and_samples_of_failed_groups_are_not_progr
     sample = _buffer_with(running={"g1"}, listed={"g1_0_0": {"status": "success"}})
     assert sample._progress("train") != base
     assert _buffer_with(finished={"g1"})._progress("train") != base
+
+
+def test_groups_failing_in_a_row_are_diagnosed_with_the_bound_and_the_fix():
+    buffer = PipelineReplayBuffer.__new__(PipelineReplayBuffer)  # only the diagnosis's inputs, set below
+    buffer.trainer_mode, buffer._waiting_for = "in_flight_pipeline", (4, 8)
+    buffer.describe_sampler = lambda: ("Reward workers: worker 0: answers.", None)  # every actor alive
+    text = buffer._failure_diagnosis("train", 100)
+    assert text.startswith("in_flight_pipeline: 100 prompt groups failed in a row while the trainer waited for 8 "
+                           "prompt groups of step 4, and none finished in between")  # fmt: skip
+    assert "the rollout or the reward raises on every sample" in text
+    assert text.endswith("raise trainer.v1.in_flight_pipeline.max_failed_groups_in_a_row (null: no bound).")
