@@ -87,6 +87,9 @@ SYNC_INSIDE_ANSWERS = ("--data=embedded", "--steps=3")
 SYNC_INSIDE_ANSWERS_OVERRIDES = (
     "actor_rollout_ref.rollout.max_num_seqs=1",
     "data.max_response_length=64",
+    # every answer runs its 64 tokens: at this learning rate the policy can collapse to answers of one token, and
+    # then a batch generated in a few seconds and every load came after it (seen once in the in-flight run, 2026-12-07)
+    "actor_rollout_ref.rollout.ignore_eos=True",
     "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PIPE_VLLM_STEP_DELAY_S='0.04'",
 )
 VAL_PROBLEMS = 8  # of the demo's 120 held-out problems: the validation's path, not its accuracy
