@@ -139,8 +139,9 @@ doctor: install
 # On a machine with 2 or more NVIDIA GPUs and the package index: every trainer mode for 3 steps with verl's vLLM
 # rollout and nccl weight sync, checked as the vLLM CPU tier checks them (docs/gpu.md), one table. It refuses at once
 # on a machine without the GPUs (with system Python: nothing is installed first). .venv-gpu gets the CUDA stack verl
-# 0.9.1 pins for vLLM (verl[vllm]: torch 2.11, vllm 0.24; cupy for the nccl engine) and this package; about ten
-# minutes with the install. ARGS go to `verl-pipe gpu-check`, e.g. ARGS="--modes in_flight_pipeline".
+# 0.9.1 pins for vLLM (verl[vllm]: torch 2.11, vllm 0.24; cupy for the nccl engine) and this package (sized for
+# about ten minutes with the install; not yet timed on a GPU). ARGS go to `verl-pipe gpu-check`, e.g.
+# ARGS="--modes in_flight_pipeline".
 GPU_VENV  ?= .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.verl-pipe-gpu-installed
 gpu-check:

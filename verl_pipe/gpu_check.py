@@ -2,7 +2,8 @@
 verl's vLLM rollout and the nccl checkpoint engine, and what the CPU tier asserts, asserted on the GPU.
 
 No GPU with verl, Ray and vLLM is reachable from where verl-pipe is built, so its GPU path is the CPU path's code
-with only placement differing (docs/gpu.md). This is how a user with GPUs checks that claim in about ten minutes:
+with only placement differing (docs/gpu.md). This is how a user with GPUs checks that claim (sized for about ten
+minutes; not yet timed on a GPU):
 
 * ``sync`` (colocated on every GPU) and ``separate_async``, ``one_off_pipeline``, ``minibatch_pipeline``,
   ``in_flight_pipeline`` (one GPU trains, the rest sample), :data:`STEPS` steps each, SmolLM2-135M-Instruct (the
