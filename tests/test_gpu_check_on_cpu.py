@@ -92,13 +92,14 @@ def _good(mode: str = "in_flight_pipeline") -> RunRecords:
               "training/rollout_probs_diff_max": 0.01, "training/rollout_actor_probs_pearson_corr": 0.999,
               SPANNING: 0.25, LAG_MAX: 1.0, "response/aborted_ratio": 0.0} for i in range(STEPS)]  # fmt: skip
     ledger = [{"step": s + 1, "prompts_trained": list(range(s * PROMPTS, (s + 1) * PROMPTS))} for s in range(STEPS)]
-    probe = [{"checksum": 1.0 + i} for i in range(STEPS + 1)]
+    # two replicas, each loading the same weights at each sync (interleaved, as their engines append)
+    probe = [{"replica": str(r), "checksum": 1.0 + i} for i in range(STEPS + 1) for r in (0, 1)]
     return RunRecords(mode, 0, steps, ledger, [{"aborted": False}] * 8, probe, 0)
 
 
 @pytest.mark.parametrize(("name", "breaks", "says"), [
     ("engine agrees", lambda r: r.steps[0].update({"training/rollout_probs_diff_mean": 0.4}), "step 1: mean"),
-    ("syncs reach engine", lambda r: r.probe.__setitem__(2, {"checksum": 2.0}), "checksums"),
+    ("syncs reach engine", lambda r: r.probe.__setitem__(2, {"replica": "0", "checksum": 1.0}), "checksums"),
     ("load mid-answer", lambda r: [s.update({SPANNING: 0.0}) for s in r.steps], "0% of samples span"),
     ("load mid-answer", lambda r: r.prefill.append({"aborted": True}), "1 aborted"),
     ("lag bound", lambda r: r.steps[2].update({LAG_MAX: 2.0}), "max token lag 2"),

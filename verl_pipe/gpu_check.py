@@ -207,10 +207,15 @@ def check_run(records: RunRecords, max_lag: int = MAX_LAG) -> ModeResult:
         cell("engine agrees", not gaps, "; ".join(gaps) or f"{len(fresh)} step(s) sampled from the actor's weights")
     else:
         cell("engine agrees", None, "no step sampled from the trainer's own weights")
-    checksums = [load["checksum"] for load in records.probe]
-    changed = len(checksums) >= 2 and all(a != b for a, b in zip(checksums, checksums[1:]))
-    cell("syncs reach engine", changed if checksums else False,
-         f"{len(checksums)} load(s), each changed the weights" if changed else f"checksums {checksums[:6]}")
+    by_replica: dict[str, list[float]] = {}
+    for load in records.probe:  # each replica's engine appends its own loads, in order
+        by_replica.setdefault(str(load.get("replica", "0")), []).append(load["checksum"])
+    unchanged = {replica: sums for replica, sums in by_replica.items()
+                 if len(sums) < 2 or any(a == b for a, b in zip(sums, sums[1:]))}  # fmt: skip
+    loads = sum(len(sums) for sums in by_replica.values())
+    cell("syncs reach engine", bool(by_replica) and not unchanged,
+         f"{loads} load(s) on {len(by_replica)} replica(s), each changed the weights" if by_replica and not unchanged
+         else f"checksums by replica {dict(list(unchanged.items())[:3]) or 'none recorded'}")
     if records.mode == "in_flight_pipeline":
         spans = max((s.get(SPANNING, 0.0) for s in steps), default=0.0)
         aborted = sum(1 for line in records.prefill if line.get("aborted")) + sum(s.get(ABORTED, 0) > 0 for s in steps)
