@@ -102,11 +102,20 @@ dry-run: install
 	  exit 2; }
 	DRY_RUN=$(or $(DRY_RUN),1) PYTHON=$(abspath $(BIN)/python) bash recipes/$(RECIPE).sh $(ARGS)
 
-# The whole suite: everything but the vLLM tests in .venv, then those in .venv-vllm (test-vllm). Each part ends
-# with its slowest tests (pytest.ini's --durations).
+# The whole suite in two tiers: everything but the vLLM tests in .venv (main), then those in .venv-vllm (vllm). A
+# failed main tier still runs the vLLM tier; the run fails at the end, after a summary of both: each tier's time,
+# counts and exit status, the 25 slowest tests of the suite and every failure (tests/report_tiers.py). The tiers'
+# JUnit reports stay in $(TEST_REPORTS), the record of every test's duration.
+TEST_REPORTS ?= runs/test-reports
 test: install install-vllm
-	$(BIN)/python -m pytest tests $(addprefix --ignore=,$(VLLM_TESTS)) $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory test-vllm
+	@rm -rf $(TEST_REPORTS) && mkdir -p $(TEST_REPORTS)
+	@t0=$$(date +%s); \
+	$(BIN)/python -m pytest tests $(addprefix --ignore=,$(VLLM_TESTS)) --junitxml=$(TEST_REPORTS)/main.xml \
+	  $(PYTEST_ARGS); main=$$?; t1=$$(date +%s); \
+	VERL_PIPE_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest $(VLLM_TESTS) --junitxml=$(TEST_REPORTS)/vllm.xml \
+	  $(PYTEST_ARGS); vllm=$$?; t2=$$(date +%s); \
+	$(BIN)/python tests/report_tiers.py --tier main $(TEST_REPORTS)/main.xml $$main $$((t1 - t0)) \
+	  --tier vllm $(TEST_REPORTS)/vllm.xml $$vllm $$((t2 - t1))
 
 # The development tier: everything but the end-to-end tests (marked e2e: no Ray cluster, no verl job launched).
 test-fast: install

@@ -7,11 +7,15 @@ driver exits, Ray frees every actor it owned, so named actors never collide betw
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from prerequisites import missing  # noqa: E402
 PATCH_COVERAGE_TEST = "test_every_patch_applies_and_runs_in_the_end_to_end_runs"
 
 
@@ -65,6 +69,24 @@ def ray_cluster():
         yield address
 
 
+@pytest.fixture(autouse=True)
+def _no_leftovers(request):
+    """Around each end-to-end test: it leaves no orphan in /dev/shm."""
+    if not any(name in request.fixturenames for name in E2E_FIXTURES):
+        yield
+        return
+    from verl_pipe.shm import leakable_segments, remove_orphaned_segments
+
+    before = leakable_segments()
+    yield
+    # a job's processes take a moment to go after its driver; what no live process maps or holds by then is an
+    # orphan this test's runs left (the driver's own exit clean-up should have removed it)
+    orphans = remove_orphaned_segments(before, wait_s=10.0)
+    if orphans:
+        pytest.fail(f"this test's runs left {len(orphans)} orphaned segment(s) in {_SHM} (removed now): "
+                    f"{', '.join(os.path.basename(path) for path in orphans)}", pytrace=False)  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def verl_runner():
     """The function that runs verl's stock entrypoint as a child process (:func:`verl_pipe.local_jobs.run_verl_job`)."""
@@ -96,7 +118,7 @@ def small_disk():
         try:
             mount_small_disk(path, size)
         except PermissionError as error:
-            pytest.skip(str(error))
+            missing(str(error))
         mounted.append(path)
         return path
 
@@ -137,14 +159,37 @@ def report_measurement():
     return _measured.append
 
 
+_session_orphans: dict[str, str] = {}  # orphaned segment -> the first test after which it was seen
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """An orphan of a verl job still in /dev/shm when the session ends fails the session (then it is removed): the
+    per-test check (``_no_leftovers``) cannot see what a module's or the session's shared runs left, as they are
+    made before that check's first look."""
+    from verl_pipe.shm import leakable_segments, segments_in_use
+
+    seen = {os.path.join(_SHM, name): test for name, test in _shm_first_seen.items()}
+    candidates = leakable_segments() & set(seen)
+    for path in sorted(candidates - segments_in_use(candidates)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            _session_orphans[os.path.basename(path)] = seen[path]
+    if _session_orphans and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter):
     if _measured:
         terminalreporter.write_sep("-", "measured in this session")
         for line in _measured:
             terminalreporter.write_line(line)
+    if _session_orphans:
+        terminalreporter.write_sep("!", f"FAILED: orphaned segments left in {_SHM} by this session (removed)")
+        for name, test in sorted(_session_orphans.items()):
+            terminalreporter.write_line(f"{name}: first seen after {test}")
     left = {name: test for name, test in _shm_first_seen.items() if os.path.exists(os.path.join(_SHM, name))}
     if left:
-        terminalreporter.write_sep("-", f"left in {_SHM} by this session")
+        terminalreporter.write_sep("-", f"left in {_SHM} by this session (not verl's segments, or still in use)")
         for name, test in sorted(left.items()):
             terminalreporter.write_line(f"{name}: first seen after {test}")
 

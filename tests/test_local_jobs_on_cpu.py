@@ -91,3 +91,42 @@ def test_what_the_clusters_processes_leave_in_their_temp_folder_goes_with_the_he
         head_dir = left.split(os.sep + "tmp" + os.sep + "left_by_a_worker_")[0]
         assert os.path.exists(left) and os.path.basename(head_dir).startswith("vp_ray_"), left  # not in /tmp itself
     assert not os.path.exists(left) and not os.path.exists(head_dir)
+
+
+_PLANT_ACTORS = """
+import sys, time, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", namespace="planted")
+
+@ray.remote(num_cpus=0)
+class Leftover:
+    def ping(self):
+        return "up"
+
+@ray.remote(num_cpus=0)
+class OwnedByTheJob:
+    def ping(self):
+        return "up"
+
+kept = Leftover.options(name="leftover", lifetime="detached").remote()  # outlives this driver: a leak
+owned = OwnedByTheJob.remote()  # goes with this driver, as every actor of a verl job does
+print(ray.get(kept.ping.remote()), ray.get(owned.ping.remote()), flush=True)
+"""
+
+
+def test_a_leftover_actor_keeps_the_head_busy_and_is_named():
+    """Guards the check before each e2e test (tests/conftest.py): an actor left on the shared head is seen, by its
+    class, and one that went with its job is not. Planted: a detached actor, which outlives its driver."""
+    from verl_pipe.local_jobs import busy_workers, local_ray_head, wait_until_idle
+
+    with local_ray_head(num_cpus=2) as address:
+        assert wait_until_idle(address, timeout_s=30) == []  # a fresh head: its pooled workers are ray::IDLE
+        plant = subprocess.run([sys.executable, "-c", _PLANT_ACTORS, address], capture_output=True, text=True,
+                               env=dict(os.environ, RAY_AUTH_MODE="disabled"), timeout=180)  # fmt: skip
+        assert plant.returncode == 0 and "up up" in plant.stdout, plant.stderr[-3000:]
+        left = wait_until_idle(address, timeout_s=30)  # long enough for the job's own actor to go
+        titles = [title for _, title in left]
+        assert len(left) == 1 and titles[0].startswith("ray::Leftover"), left
+        os.kill(left[0][0], signal.SIGKILL)
+        assert wait_until_idle(address, timeout_s=30) == []
+        with pytest.raises(KeyError, match="not a Ray head this process started"):
+            busy_workers("127.0.0.1:1")

@@ -64,6 +64,7 @@ def local_ray_head(
         *([f"--resources={json.dumps(resources)}"] if resources else []),
     ]
     head = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    address = ""
     with sigterm_unwinds():  # a bench or test run stopped with SIGTERM takes its head down too
         try:
             address_file = os.path.join(temp_dir, "ray_current_cluster")
@@ -77,12 +78,54 @@ def local_ray_head(
             time.sleep(1.0)  # the file appears just before the GCS accepts clients
             with open(address_file) as fh:
                 address = fh.read().strip()
+            _HEAD_TEMP_DIRS[address] = temp_dir
             yield address
         finally:
+            _HEAD_TEMP_DIRS.pop(address, None)
             # `ray start --block` takes ~33 s to stop gracefully; everything it started (GCS, raylet, workers) is in
             # its process group, so after a short grace the group goes at once.
             stop_process_group(head, stop_grace_s)
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# address -> temp folder of each head this process started: every process of that cluster (raylet, workers) has
+# the folder in its environment (``_node_env``), which tells its workers from another cluster's on the machine.
+_HEAD_TEMP_DIRS: dict[str, str] = {}
+# Titles of a head's processes that hold no job's actor: a pooled idle worker, and Ray's own agents (seen on a fresh
+# head, 2026-12-07).
+RAY_OWN_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def busy_workers(address: str) -> list[tuple[int, str]]:
+    """(pid, title) of the Ray workers of the head at ``address`` (started here by :func:`local_ray_head`) that hold
+    an actor or run a task: each actor has a worker process of its own, titled ``ray::<Class>[.<method>]``, which
+    Ray ends with the actor (after a job's driver exits, with each of the job's actors)."""
+    temp_dir = _HEAD_TEMP_DIRS.get(address)
+    if temp_dir is None:
+        raise KeyError(f"{address} is not a Ray head this process started with local_ray_head")
+    marker = f"TMPDIR={os.path.join(temp_dir, 'tmp')}".encode()
+    busy = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                title = fh.read().split(b"\0")[0].decode(errors="replace").strip()
+            if not title.startswith("ray::") or title.startswith(RAY_OWN_TITLES):
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if marker in fh.read().split(b"\0"):
+                    busy.append((int(pid), title))
+        except OSError:  # gone meanwhile
+            continue
+    return sorted(busy)
+
+
+def wait_until_idle(address: str, timeout_s: float = 60.0) -> list[tuple[int, str]]:
+    """The head's busy workers (:func:`busy_workers`) once there are none, or once ``timeout_s`` passed (a job's
+    actors take a few seconds to go after its driver exits): an empty list when the cluster is idle."""
+    deadline = time.monotonic() + timeout_s
+    while (busy := busy_workers(address)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return busy
 
 
 def _node_env(temp_dir: str) -> dict[str, str]:

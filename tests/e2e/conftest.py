@@ -1,7 +1,8 @@
 """Runs that more than one test module reads, made once per session (each run is a minute of the suite's budget).
 
-Each is verl's stock entrypoint on the CPU backend with the tiny random Qwen2 and fixed seeds, cached per (mode,
-reward, overrides):
+Each is verl's stock entrypoint on the CPU backend with the tiny random Qwen2 and fixed seeds, made once per
+(mode, reward, overrides) whether it passes or fails (:mod:`shared_runs`: a failed run is not re-run by each of
+its readers):
 
 * ``learning_run``: the vowel task (:mod:`learning_task`), verl's GRPO at a large learning rate, 6 steps of
   4 prompts x 8 samples, validating before the first step and after steps 3 and 6 (verl's validation hooks fall
@@ -15,12 +16,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import pytest
 
 from verl_pipe.data.embedded import write_embedded_dataset
 from verl_pipe.quickstart import QuickstartConfig, training_overrides
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from shared_runs import SharedRuns  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASK = os.path.join(HERE, "learning_task.py")
@@ -60,12 +65,12 @@ def _trained(run_dir: str, steps: int) -> dict[int, list[tuple]]:
 
 @pytest.fixture(scope="session")
 def learning_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, tail_of):
-    cache: dict[tuple, LearningRun] = {}
+    runs = SharedRuns("learning")
 
     def run(mode: str, reward: str = "compute_score", *extra: str, seed: int = 7) -> LearningRun:
-        key = (mode, reward, extra, seed)
-        if key in cache:
-            return cache[key]
+        return runs.get((mode, reward, extra, seed), lambda: make(mode, reward, extra, seed))
+
+    def make(mode: str, reward: str, extra: tuple[str, ...], seed: int) -> LearningRun:
         run_dir = str(tmp_path_factory.mktemp(f"learn_{mode}_{reward}_seed{seed}"))
         cfg = QuickstartConfig(
             data="embedded",
@@ -102,20 +107,19 @@ def learning_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, ta
         assert validated == VALIDATED_AT, f"{mode}: validations logged at steps {validated}, not {VALIDATED_AT}"
         sign = -1.0 if reward.startswith("negated") else 1.0
         scores = [sign * metrics[step]["critic/score/mean"] for step in sorted(metrics)]
-        cache[key] = LearningRun(scores, metrics, _trained(run_dir, LEARNING_STEPS))
-        return cache[key]
+        return LearningRun(scores, metrics, _trained(run_dir, LEARNING_STEPS))
 
     return run
 
 
 @pytest.fixture(scope="session")
 def grpo_plus_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, tail_of):
-    cache: dict[tuple, SharedRun] = {}
+    runs = SharedRuns("GRPO+")
 
     def run(mode: str = "sync", *extra: str) -> SharedRun:
-        key = (mode, extra)
-        if key in cache:
-            return cache[key]
+        return runs.get((mode, extra), lambda: make(mode, extra))
+
+    def make(mode: str, extra: tuple[str, ...]) -> SharedRun:
         run_dir = str(tmp_path_factory.mktemp(f"grpo_plus_{mode}"))
         cfg = QuickstartConfig(
             data="embedded",
@@ -145,7 +149,6 @@ def grpo_plus_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, t
         assert rc == 0, tail_of(log)
         metrics = {s["step"]: s["data"] for s in steps if "timing_s/step" in s["data"]}
         assert sorted(metrics) == list(range(1, GRPO_PLUS_STEPS + 1)), tail_of(log)
-        cache[key] = SharedRun(steps, metrics, _trained(run_dir, GRPO_PLUS_STEPS), log, run_dir)
-        return cache[key]
+        return SharedRun(steps, metrics, _trained(run_dir, GRPO_PLUS_STEPS), log, run_dir)
 
     return run

@@ -70,6 +70,41 @@ def test_lag_bound_zero_trains_on_policy_what_sync_trains(grpo_plus_run):
 
 
 STEADY_CAP = 5  # prompt groups submitted and not yet trained, for a batch of 4
+BATCH_GROUPS = 4
+# How far a step's mean token lag may sit from the cap in batches (1.25): the queue's mean by Little's law, over
+# steps too few for a steady state (measured 1.00 and 1.22 at steps 2 and 3, 2026-12-07).
+STEADY_LAG_TOL = 0.5
+
+
+def steady_load_faults(metrics: dict[int, dict], cap: int, batch: int) -> list[str]:
+    """Where a run under a cap of ``cap`` untrained groups did not keep it full: from step 2 on, each step's peak must
+    be the cap (or every group the run has left to train, at its end), and its mean token lag near cap/batch. A
+    feeder that reaches the cap once and then idles fails both."""
+    steps = sorted(metrics)
+    faults = []
+    for step in steps[1:]:
+        left = (steps[-1] - step + 1) * batch  # groups this step and the later ones train
+        peak, lag = metrics[step]["in_flight/untrained_max"], metrics[step]["in_flight/token_lag/mean"]
+        if peak != min(cap, left):
+            faults.append(f"step {step}: peak {peak} untrained groups, not {min(cap, left)}")
+        if abs(lag - cap / batch) > STEADY_LAG_TOL:
+            faults.append(f"step {step}: mean token lag {lag:.2f}, not within {STEADY_LAG_TOL} of {cap / batch}")
+    return faults
+
+
+def test_the_steady_load_check_fails_a_feeder_that_reaches_the_cap_once_and_idles():
+    """The control for steady_load_faults, on records of the shape verl logs: the run measured on 2026-12-07 passes,
+    and a feeder that reached the cap once and then idled fails, though it passed the check this one extends
+    (``max(peaks) == cap``)."""
+    def records(peaks, lags):
+        return {step: {"in_flight/untrained_max": p, "in_flight/token_lag/mean": g}
+                for step, (p, g) in enumerate(zip(peaks, lags), start=1)}  # fmt: skip
+
+    measured = records([5, 5, 4], [0.0, 1.0, 1.217])
+    idles = records([5, 2, 1], [0.0, 0.25, 0.0])
+    assert steady_load_faults(measured, STEADY_CAP, BATCH_GROUPS) == []
+    assert len(steady_load_faults(idles, STEADY_CAP, BATCH_GROUPS)) == 4
+    assert max(d["in_flight/untrained_max"] for d in idles.values()) == STEADY_CAP  # what the old check asked
 
 
 def test_a_steady_load_holds_its_cap_and_trains_every_prompt_once(grpo_plus_run, learning_run):
@@ -81,6 +116,9 @@ def test_a_steady_load_holds_its_cap_and_trains_every_prompt_once(grpo_plus_run,
     peaks = [run.metrics[step]["in_flight/untrained_max"] for step in steps]
     assert all(run.metrics[step]["in_flight/max_untrained_prompts"] == STEADY_CAP for step in steps)
     assert max(peaks) == STEADY_CAP, f"the cap was passed or never reached: {peaks}"
+    assert steady_load_faults(run.metrics, STEADY_CAP, BATCH_GROUPS) == [], [
+        {k: v for k, v in run.metrics[step].items() if k.startswith("in_flight/")} for step in steps
+    ]
     for step in steps:
         assert len(run.trained[step]) == 4 * 2, step  # whole batches
         assert run.metrics[step]["in_flight/dropped_groups"] == 0

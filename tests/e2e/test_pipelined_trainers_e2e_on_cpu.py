@@ -115,6 +115,42 @@ def _assert_syncs_moved_policy(probe_path: str, expected: int) -> None:
     assert sum(shift > 10 * LOGPROB_TOL for shift in shifts) >= expected, shifts
 
 
+IS_KL = "actor/grpo_plus/approx_kl_rollout_old"  # KL between pi_old and the rollout's log-probs, over the tokens
+IS_MASKED = "actor/grpo_plus/is_masked_frac"
+# Step 1 trains what the weights it holds sampled: the KL is the rollout's and the actor's rounding (8e-5 measured);
+# one version behind it was 46-235x that (0.0037-0.019, 2026-12-07).
+ONE_VERSION_KL_FACTOR = 10
+
+
+def _is_metrics(data: dict) -> dict:
+    return {k: data[k] for k in (IS_KL, IS_MASKED, "actor/grpo_plus/is_ratio_mean")}
+
+
+def one_version_behind_faults(metrics: dict[int, dict]) -> list[str]:
+    """Where one-off's IS correction did not see samples one version older than pi_old: from step 2 on, the KL
+    between them is well above step 1's rounding, and some token is masked. A loss that compared pi_old with itself
+    (KL 0, nothing masked) fails both."""
+    floor = max(metrics[1][IS_KL], 1e-6)
+    later = [step for step in sorted(metrics) if step >= 2]
+    faults = [f"step {step}: KL(pi_old, rollout) {metrics[step][IS_KL]:.2e} is within {ONE_VERSION_KL_FACTOR}x of "
+              f"step 1's {floor:.2e}" for step in later if metrics[step][IS_KL] <= ONE_VERSION_KL_FACTOR * floor]  # fmt: skip
+    if not any(metrics[step][IS_MASKED] > 0 for step in later):
+        faults.append("no token masked by the IS correction at any step from 2 on")
+    return faults
+
+
+def test_the_one_version_check_fails_an_is_correction_that_compares_pi_old_with_itself():
+    """The control for one_version_behind_faults: the run measured on 2026-12-07 passes; the same run with the
+    rollout's log-probs replaced by pi_old's (KL 0, ratio 1, nothing masked) fails, though it passed the check this
+    replaces (``is_masked_frac >= 0``)."""
+    measured = {1: {IS_KL: 8.04e-05, IS_MASKED: 0.0}, 2: {IS_KL: 0.0037, IS_MASKED: 0.036},
+                3: {IS_KL: 0.0188, IS_MASKED: 0.214}, 4: {IS_KL: 0.0101, IS_MASKED: 0.078}}  # fmt: skip
+    itself = {step: {IS_KL: 0.0, IS_MASKED: 0.0} for step in measured}
+    assert one_version_behind_faults(measured) == []
+    assert len(one_version_behind_faults(itself)) == 4
+    assert all(data[IS_MASKED] >= 0 for data in itself.values())  # the old check
+
+
 @pytest.fixture(scope="module")
 def one_off_run(tmp_path_factory, tiny_model_path, ray_cluster, verl_runner, tail_of):
     run_dir = str(tmp_path_factory.mktemp("one_off"))
@@ -158,8 +194,9 @@ def test_one_off_pipeline_trains_exactly_one_version_behind(one_off_run, tail_of
         # waits only for its sync: measured 0.02-0.08 of each step.
         assert 0.0 < data["pipeline/trainer_bubble_frac"] < 0.3, data["pipeline/trainer_bubble_frac"]
         assert data["pipeline/time/sync_s"] > 0, "a sync every step"
-        assert data["actor/grpo_plus/is_masked_frac"] >= 0  # GRPO+'s IS mask ran against rollout log-probs
     assert max(data["actor/grad_norm"] for data in metrics.values()) > 0
+    # GRPO+'s IS mask compares pi_old with the policy that sampled, one version older from step 2 on
+    assert one_version_behind_faults(metrics) == [], {s: _is_metrics(d) for s, d in metrics.items()}
     # one sync per update moved the served policy, validation included
     _assert_syncs_moved_policy(probe, expected=STEPS - 1)
     validated = sorted(s["step"] for s in steps if any(key.startswith("val-") for key in s["data"]))

@@ -27,6 +27,9 @@ from verl_pipe.local_jobs import read_steps, stop_process_group
 MODE = "one_off_pipeline"
 STALL_TIMEOUT_S = 5
 DEAD_REPLICA_TIMEOUT_S = 600
+# The watch's account of TransferQueue: no group of the step finished ("... running, 0 finished and ..."), which a
+# bare "0 finished" would also find in "10 finished".
+NO_GROUP_FINISHED = re.compile(r"(?<!\d)0 finished")
 # The control must still be waiting this long past the point where the watch stopped the stalled run.
 CONTROL_GRACE_S = 15
 
@@ -60,7 +63,7 @@ def test_the_stall_watch_stops_a_run_whose_engine_stalled_or_died(tmp_path, tiny
         log = open(log_path, errors="replace").read()
         assert rc != 0, tail_of(log_path)
         assert "while the trainer waited for 2 prompt groups of step 1" in log, tail_of(log_path)
-        assert "0 finished" in log and f"replica 0: {replica_says}" in log, tail_of(log_path)
+        assert NO_GROUP_FINISHED.search(log) and f"replica 0: {replica_says}" in log, tail_of(log_path)
         if fault == "stall":  # the timeout decides
             assert f"{MODE}: the sampler made no progress for" in log, tail_of(log_path)
             assert f"trainer.v1.{MODE}.stall_timeout_s" in log
@@ -84,3 +87,10 @@ def test_the_stall_watch_stops_a_run_whose_engine_stalled_or_died(tmp_path, tiny
     _assert_nothing_left(str(tmp_path / "control"), shm_before)
     print(f"stopped after {durations['stalled']:.0f} s (stalled) and {durations['killed']:.0f} s (killed); the "
           f"control was still waiting {CONTROL_GRACE_S} s past the watch's timeout")  # fmt: skip
+
+
+def test_the_none_finished_pattern_is_not_fooled_by_ten():
+    """The control for NO_GROUP_FINISHED: the bare substring it replaced matched a run where groups finished."""
+    held = "TransferQueue holds 0 pending, 2 running, {} finished and 0 failed groups"
+    assert NO_GROUP_FINISHED.search(held.format(0))
+    assert not NO_GROUP_FINISHED.search(held.format(10)) and "0 finished" in held.format(10)

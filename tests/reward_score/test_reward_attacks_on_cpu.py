@@ -27,6 +27,9 @@ import tracemalloc
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prerequisites import missing  # noqa: E402
+
 from verl_pipe.reward_score import RESULT_KEYS, compute_score
 from verl_pipe.reward_score import grading as grading_module
 from verl_pipe.reward_score.grading import GradingConfig, grade, sandbox_works
@@ -278,7 +281,7 @@ def _pid_namespace() -> list[str]:
     2..399, which outside one are this machine's processes (pytest, Ray, the system)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        pytest.skip("bwrap is not installed; kill_the_test_process is never run outside a pid namespace")
+        missing("bwrap is not installed; kill_the_test_process is never run outside a pid namespace")
     python = os.path.realpath(sys.executable)
     prefix = os.path.dirname(os.path.dirname(python))
     argv = [bwrap, "--unshare-pid", "--die-with-parent", "--ro-bind", "/usr", "/usr", "--ro-bind", prefix, prefix]
@@ -290,7 +293,7 @@ def _pid_namespace() -> list[str]:
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp", python, "-I", "-c"]
     probe = subprocess.run(argv + [LIST_PIDS], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
-        pytest.skip(f"bwrap cannot make a pid namespace here ({probe.stderr.strip()[-200:]}); "
+        missing(f"bwrap cannot make a pid namespace here ({probe.stderr.strip()[-200:]}); "
                     "kill_the_test_process is never run outside one")  # fmt: skip
     own, seen = json.loads(probe.stdout)
     # Only bwrap's init (1) and the probe itself may be visible; anything more and the payload is not run.

@@ -14,16 +14,22 @@ Payloads written for this file, run in the real sandbox, each with its negative 
 from __future__ import annotations
 
 import errno
+import os
+import sys
 import threading
 import time
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prerequisites import missing  # noqa: E402
+
 from verl_pipe.reward_score.sandbox import SandboxConfig, SandboxSession, seccomp
 from verl_pipe.reward_score.sandbox import session as session_module
 
 ABI = seccomp.host_abi()
-pytestmark = pytest.mark.skipif(ABI is None, reason=seccomp.filter_status())
+if ABI is None:
+    missing(f"seccomp: {seccomp.filter_status()}", allow_module_level=True)
 
 SYSCALL_PRELUDE = """
 import ctypes, errno, os

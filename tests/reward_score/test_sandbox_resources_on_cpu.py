@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import subprocess
 import textwrap
 import threading
 import time
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from prerequisites import missing  # noqa: E402
 
 from verl_pipe.reward_score import compute_score
 from verl_pipe.reward_score.sandbox import DeadlineExceeded, RunnerDied, SandboxConfig, SandboxSession
@@ -29,7 +33,7 @@ def backend() -> cgroups.Backend:
         pytest.skip(f"{CGROUPS_ENV} turns cgroups off")
     detection = cgroups.detect()
     if detection.backend is None:
-        pytest.skip(f"no per-sandbox cgroups on this host: {detection.reason}")
+        missing(f"per-sandbox cgroups on this host: {detection.reason}")
     return detection.backend
 
 

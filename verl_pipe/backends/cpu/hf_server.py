@@ -273,6 +273,9 @@ class HFRolloutServer:
                     if torch.get_num_threads() != self.torch_threads:
                         torch.set_num_threads(self.torch_threads)
                     self._batch_threads = torch.get_num_threads()
+                    # here, not only once the batch ends: a request's answer is released from the decode thread
+                    # before then, and a caller reading the stats right after it must see its batch's threads
+                    self.stats["last_batch_threads"] = self._batch_threads
                     return self.global_steps
 
                 try:
