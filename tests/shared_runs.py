@@ -30,7 +30,6 @@ class SharedRuns:
     def __init__(self, name: str):
         self.name = name
         self._outcomes: dict[Hashable, Any] = {}
-        self.made = 0  # how many times a run was started (the self-test reads it)
 
     def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
         if key in self._outcomes:
@@ -42,7 +41,6 @@ class SharedRuns:
                     pytrace=False,
                 )
             return outcome
-        self.made += 1
         try:
             result = make()
         except KeyboardInterrupt:

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import uuid
 
+import pytest
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 PER_TEST = """
@@ -51,32 +53,27 @@ def _inner(tmp_path, body: str, path: str) -> subprocess.CompletedProcess:
                           timeout=300)  # fmt: skip
 
 
-def _planted() -> str:
-    return os.path.join("/dev/shm", f"psm_vp_planted_{uuid.uuid4().hex[:8]}")
+@pytest.fixture
+def planted():
+    """The path of a segment a test will plant in /dev/shm; removed afterwards if the check under test did not."""
+    path = os.path.join("/dev/shm", f"psm_vp_planted_{uuid.uuid4().hex[:8]}")
+    yield path
+    if os.path.exists(path):
+        os.unlink(path)
 
 
-def test_a_test_that_leaves_an_orphan_fails_and_the_orphan_goes(tmp_path):
-    path = _planted()
-    try:
-        done = _inner(tmp_path, PER_TEST, path)
-        # the leaking test's call passed and its teardown errs; the clean one passes
-        assert "2 passed" in done.stdout and "1 error" in done.stdout, done.stdout[-3000:]
-        assert "ERROR at teardown of test_leaves_an_orphan" in done.stdout, done.stdout[-3000:]
-        assert f"left 1 orphaned segment(s) in /dev/shm (removed now): {os.path.basename(path)}" in done.stdout
-        assert not os.path.exists(path)
-    finally:
-        if os.path.exists(path):
-            os.unlink(path)
+def test_a_test_that_leaves_an_orphan_fails_and_the_orphan_goes(tmp_path, planted):
+    done = _inner(tmp_path, PER_TEST, planted)
+    # the leaking test's call passed and its teardown errs; the clean one passes
+    assert "2 passed" in done.stdout and "1 error" in done.stdout, done.stdout[-3000:]
+    assert "ERROR at teardown of test_leaves_an_orphan" in done.stdout, done.stdout[-3000:]
+    assert f"left 1 orphaned segment(s) in /dev/shm (removed now): {os.path.basename(planted)}" in done.stdout
+    assert not os.path.exists(planted)
 
 
-def test_a_shared_runs_orphan_fails_the_session(tmp_path):
-    path = _planted()
-    try:
-        done = _inner(tmp_path, MODULE_RUN, path)
-        assert done.returncode == 1 and "1 passed" in done.stdout, done.stdout[-3000:]
-        assert "orphaned segments left in /dev/shm by this session (removed)" in done.stdout, done.stdout[-3000:]
-        assert f"{os.path.basename(path)}: first seen after test_inner.py::test_reads_the_run" in done.stdout
-        assert not os.path.exists(path)
-    finally:
-        if os.path.exists(path):
-            os.unlink(path)
+def test_a_shared_runs_orphan_fails_the_session(tmp_path, planted):
+    done = _inner(tmp_path, MODULE_RUN, planted)
+    assert done.returncode == 1 and "1 passed" in done.stdout, done.stdout[-3000:]
+    assert "orphaned segments left in /dev/shm by this session (removed)" in done.stdout, done.stdout[-3000:]
+    assert f"{os.path.basename(planted)}: first seen after test_inner.py::test_reads_the_run" in done.stdout
+    assert not os.path.exists(planted)
