@@ -105,21 +105,30 @@ dry-run: install
 # The whole suite in two tiers: everything but the vLLM tests in .venv (main), then those in .venv-vllm (vllm). A
 # failed main tier still runs the vLLM tier; the run fails at the end, after a summary of both: each tier's time,
 # counts and exit status, the 25 slowest tests of the suite and every failure (tests/report_tiers.py). The tiers'
-# JUnit reports stay in $(TEST_REPORTS), the record of every test's duration.
+# JUnit reports stay in $(TEST_REPORTS), the record of every test's duration. The main tier runs on $(TEST_WORKERS)
+# pytest-xdist workers: the end-to-end tests one after another on one (tests/conftest.py), the unit tests on the
+# other in the CPU a verl job leaves idle (TEST_WORKERS=0: one process). Each tier has a time budget (seconds):
+# past it, pytest is interrupted and writes its report, so the summary prints inside CI's 90 minutes, set-up
+# included, whatever hangs (the main tier took 50 min in one process on 2 cores, the vLLM tier 18).
 TEST_REPORTS ?= runs/test-reports
+TEST_WORKERS ?= 2
+MAIN_TIER_BUDGET_S ?= 3480
+VLLM_TIER_BUDGET_S ?= 1320
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 test: install install-vllm
 	@rm -rf $(TEST_REPORTS) && mkdir -p $(TEST_REPORTS)
 	@t0=$$(date +%s); \
-	$(BIN)/python -m pytest tests $(addprefix --ignore=,$(VLLM_TESTS)) --junitxml=$(TEST_REPORTS)/main.xml \
-	  $(PYTEST_ARGS); main=$$?; t1=$$(date +%s); \
-	VERL_PIPE_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest $(VLLM_TESTS) --junitxml=$(TEST_REPORTS)/vllm.xml \
-	  $(PYTEST_ARGS); vllm=$$?; t2=$$(date +%s); \
+	timeout --signal=INT --kill-after=120 $(MAIN_TIER_BUDGET_S) $(BIN)/python -m pytest tests \
+	  $(addprefix --ignore=,$(VLLM_TESTS)) $(XDIST) --junitxml=$(TEST_REPORTS)/main.xml $(PYTEST_ARGS); \
+	main=$$?; t1=$$(date +%s); \
+	VERL_PIPE_REQUIRE_VLLM=1 timeout --signal=INT --kill-after=120 $(VLLM_TIER_BUDGET_S) $(VLLM_VENV)/bin/python \
+	  -m pytest $(VLLM_TESTS) --junitxml=$(TEST_REPORTS)/vllm.xml $(PYTEST_ARGS); vllm=$$?; t2=$$(date +%s); \
 	$(BIN)/python tests/report_tiers.py --tier main $(TEST_REPORTS)/main.xml $$main $$((t1 - t0)) \
 	  --tier vllm $(TEST_REPORTS)/vllm.xml $$vllm $$((t2 - t1))
 
 # The development tier: everything but the end-to-end tests (marked e2e: no Ray cluster, no verl job launched).
 test-fast: install
-	$(BIN)/python -m pytest tests -m "not e2e" $(addprefix --ignore=,$(VLLM_TESTS)) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -m "not e2e" $(addprefix --ignore=,$(VLLM_TESTS)) $(XDIST) $(PYTEST_ARGS)
 
 # Every trainer mode (verl's sync and separate_async, our three) on a modelled GPU cluster: equal GPUs, 5 paired
 # blocks with 95% intervals at token lag <= 1, the what-if model and its sensitivity table (about 105 min on 2 cores:

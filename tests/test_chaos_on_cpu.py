@@ -182,6 +182,7 @@ def test_the_outcome_rules(rc, trained, fault, killed, diagnosed, outcome):
     assert classify_outcome(rc, trained, steps, fault, killed, diagnosed) == outcome
 
 
+@pytest.mark.quiet  # a wall-clock bound: run with no other test beside it
 def test_the_hang_bound_counts_from_the_fault_not_from_the_start(tmp_path, monkeypatch):
     """A slow start-up (here 3 s to the first trained step) must not eat into the time a run gets after its fault:
     a job that stops 1.5 s after its reward worker is killed is stopped with the bound at 2.5 s from the fault;

@@ -52,3 +52,35 @@ def test_a_tier_without_a_report_fails_the_run_even_if_its_status_says_0(tmp_pat
     passing = tmp_path / "passing.xml"
     passing.write_text(open(report).read().split("<testcase")[0] + "</testsuite></testsuites>")
     assert main(["--tier", "main", str(passing), "0", "5"]) == 0
+
+
+HANGS = """
+import time
+def test_done():
+    pass
+def test_hangs():
+    time.sleep(600)
+"""
+
+
+def _budgeted_tier(tmp_path, signal: str) -> tuple[int, str]:
+    """A tier with a hanging test, run as `make test` runs a tier: on 2 pytest-xdist workers, under `timeout`."""
+    (tmp_path / "test_hangs.py").write_text(HANGS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    report = str(tmp_path / f"hangs_{signal}.xml")
+    argv = ["timeout", f"--signal={signal}", "--kill-after=60", "8", sys.executable, "-m", "pytest", "test_hangs.py",
+            "-p", "no:cacheprovider", "-q", "-n", "2", f"--junitxml={report}"]  # fmt: skip
+    return subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=120).returncode, report
+
+
+def test_a_tier_stopped_at_its_budget_still_reports_what_ran(tmp_path, capsys):
+    """The Makefile's budget interrupts pytest (SIGINT), which still writes its report: the summary says the tier
+    was stopped and counts the test that finished. Control: killing pytest instead (SIGKILL, what a plain `timeout`
+    or CI's limit does) leaves no report to read."""
+    status, report = _budgeted_tier(tmp_path, "INT")
+    assert status == 124
+    assert main(["--tier", "main", report, str(status), "8"]) == 1
+    out = capsys.readouterr().out
+    assert "stopped at its time budget" in out and "1 passed" in out, out
+    status, report = _budgeted_tier(tmp_path, "KILL")
+    assert status in (137, -9) and not os.path.exists(report)  # (timeout's group signal takes timeout too)

@@ -110,3 +110,37 @@ def test_the_quickstarts_training_process_leaves_none(tmp_path):
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(tmp_path / "verl.jsonl")}
     assert follow_training(argv, env, str(tmp_path), steps=0) == 0
     assert (tmp_path / "train.log").exists() and not os.path.exists(path)
+
+
+def test_a_segment_its_owner_is_about_to_unlink_is_left_to_it(monkeypatch):
+    """SharedMemory closes its mapping and then unlinks its name: between the two, no process holds the segment.
+    A check that looks then (another test's job on a concurrent pytest worker) must leave it to its owner, whose
+    unlink would otherwise fail; a segment still unheld after the settle time is removed as before. Control: with
+    no settle time the check takes the owner's segment."""
+    import threading
+
+    import verl_pipe.shm as shm
+
+    def owner_unlinks(settle_s: float) -> tuple[list[str], list[BaseException]]:
+        monkeypatch.setattr(shm, "ORPHAN_SETTLE_S", settle_s)
+        before = leakable_segments()
+        closing = _segment("closing")  # closed (unheld), its unlink 0.1 s away
+        errors: list[BaseException] = []
+
+        def unlink_soon():
+            try:
+                threading.Event().wait(0.1)
+                os.unlink(closing)
+            except BaseException as error:  # noqa: BLE001 - the owner's failure is what is checked
+                errors.append(error)
+
+        owner = threading.Thread(target=unlink_soon)
+        owner.start()
+        removed = remove_orphaned_segments(before, wait_s=0)
+        owner.join()
+        return removed, errors
+
+    removed, errors = owner_unlinks(shm.ORPHAN_SETTLE_S)
+    assert removed == [] and errors == []
+    removed, errors = owner_unlinks(0.0)
+    assert len(removed) == 1 and isinstance(errors[0], FileNotFoundError)

@@ -26,6 +26,8 @@ SHM_DIR = "/dev/shm"
 # shared-memory broadcast buffers (SharedMemory, psm_*), and the named semaphores of multiprocessing's spawn
 # context (vLLM's, left when their process is SIGKILLed; mapped by every process that uses them).
 LEAKABLE_SEGMENTS = ("psm_*", "verl_weights_*", "sem.mp-*")
+# How long a segment must stay unheld to count as an orphan (a live owner unlinks within microseconds of closing).
+ORPHAN_SETTLE_S = 0.5
 
 
 def leakable_segments(patterns: tuple[str, ...] = LEAKABLE_SEGMENTS) -> set[str]:
@@ -70,7 +72,13 @@ def remove_orphaned_segments(before: set[str], wait_s: float = 10.0) -> list[str
     while True:
         new = leakable_segments() - before
         in_use = segments_in_use(new)
-        for path in sorted(new - in_use):
+        unheld = new - in_use
+        if unheld:
+            # an owner closes its segment a moment before it unlinks it (SharedMemory.close, then .unlink): only
+            # what is still there, and still unheld, a moment later is an orphan
+            time.sleep(ORPHAN_SETTLE_S)
+            unheld = (unheld & leakable_segments()) - segments_in_use(unheld)
+        for path in sorted(unheld):
             with contextlib.suppress(FileNotFoundError):
                 size = os.stat(path).st_size
                 os.unlink(path)

@@ -373,6 +373,7 @@ UNIT_S = 3.0
 MEASURED_STEPS = 4
 
 
+@pytest.mark.quiet
 @pytest.mark.timeout(1500)
 def test_measured_steps_match_the_what_if_model(tmp_path, ray_cluster):
     """Two schedules of the math profile through the CLI, one block: the real trainers' step on the modelled

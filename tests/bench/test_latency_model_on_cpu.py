@@ -142,6 +142,7 @@ def _sync_calls(patch) -> dict:
     return results
 
 
+@pytest.mark.quiet  # a wall-clock bound: run with no other test beside it
 def test_the_sync_time_patch_keeps_verls_calling_conventions(monkeypatch):
     """verl's ``update_weights`` is ``@auto_await``: run to completion when called outside an event loop, a coroutine
     when awaited. The patched method serves all three of verl's callers, in_flight_pipeline's override included,
@@ -219,6 +220,7 @@ def _aborting_sync_timeline(patch_sync, patch_resume) -> dict:
     }
 
 
+@pytest.mark.quiet  # a wall-clock bound: run with no other test beside it
 def test_an_aborting_sync_keeps_the_gate_closed_for_the_modelled_transfer(monkeypatch):
     """verl's sync aborts the running requests and parks new ones until its transfer is done. The modelled transfer
     (``sync_s``) must hold that gate: requests the sync cut resume only after it, as on the cluster, and the call

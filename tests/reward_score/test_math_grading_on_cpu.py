@@ -187,6 +187,7 @@ def test_different_answers_fail(answer, truth):
     assert result["score"] == 0.0 and result["passed"] is False
 
 
+@pytest.mark.quiet  # a wall-clock bound: run with no other test beside it
 def test_pathological_expression_is_cut_off_and_leaves_no_process_behind(monkeypatch):
     # (10^9)! makes sympy compute a gigantic factorial in C code; grade_answer's own guard would wait 10 s
     # and it forks a grandchild, which must die with the child.

@@ -236,6 +236,7 @@ def test_normal_output_keeps_livecodebench_semantics():
     assert not stdout_matches("NaN", "nan") and not stdout_matches("1.0 NaN", "1 NaN")
 
 
+@pytest.mark.quiet  # a wall-clock bound: run with no other test beside it
 def test_huge_numeric_tokens_neither_raise_nor_take_long():
     """Guards against expensive numeric parsing of hostile tokens (old: no caps; exponent overflow etc.)."""
     cases = [

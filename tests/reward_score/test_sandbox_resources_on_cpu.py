@@ -117,6 +117,7 @@ def honest_under_attack(cfg: SandboxConfig, attack_s: float, timeout: float):
         assert done and not isinstance(done[0], Exception), done
 
 
+@pytest.mark.quiet  # a wall-clock bound: run with no other test beside it
 def test_busy_setsid_children_do_not_starve_a_concurrent_sample(backend, no_leak):
     """With a cgroup each, the honest program keeps its pace next to 31 busy processes in 31 sessions; the
     negative control (same programs, rlimits only) shows the same program slowed by a large factor."""
@@ -144,6 +145,7 @@ def test_busy_setsid_children_do_not_starve_a_concurrent_sample(backend, no_leak
     assert ratio_off > 5.0 and attacked_off.wall_s > 2 * attacked_on.wall_s, summary
 
 
+@pytest.mark.quiet  # a wall-clock bound: run with no other test beside it
 def test_the_honest_sample_passes_through_compute_score_while_attacked(backend, no_leak):
     tests = json.dumps([{"input": "", "output": HONEST_ANSWER + "\n", "testtype": "stdin"}])
 
