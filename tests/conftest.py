@@ -86,6 +86,7 @@ def pytest_collection_modifyitems(session, config, items):
         os.replace(path + ".tmp", path)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a bare pytest run may not have
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` with the groups read from what the workers collected. (xdist 3.8 groups by a suffix it
     appends to ``item._nodeid``, which pytest 9 no longer reads: its own loadgroup runs every test ungrouped.)"""
