@@ -61,7 +61,7 @@ SERIAL_MODULES = (
 _XDIST_DIR_ENV = "VERL_PIPE_XDIST_DIR"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks
+@pytest.hookimpl(tryfirst=True)  # under pytest 8, xdist's own hook reads the group marks after this one
 def pytest_collection_modifyitems(session, config, items):
     """Mark the end-to-end tests and group what must run serially; the quiet tests run at the end, and the
     patch-coverage test, which reads what every other run recorded, last of all."""
