@@ -103,27 +103,33 @@ dry-run: install
 	DRY_RUN=$(or $(DRY_RUN),1) PYTHON=$(abspath $(BIN)/python) bash recipes/$(RECIPE).sh $(ARGS)
 
 # The whole suite in two tiers: everything but the vLLM tests in .venv (main), then those in .venv-vllm (vllm). A
-# failed main tier still runs the vLLM tier; the run fails at the end, after a summary of both: each tier's time,
-# counts and exit status, the 25 slowest tests of the suite and every failure (tests/report_tiers.py). The tiers'
-# JUnit reports stay in $(TEST_REPORTS), the record of every test's duration. The main tier runs on $(TEST_WORKERS)
+# failed main tier still runs the vLLM tier; the run fails at the end, after a summary of both: the 25 slowest tests
+# of the suite, every failure, then each tier's time, counts and exit status (tests/report_tiers.py). The tiers'
+# JUnit reports stay in $(TEST_REPORTS), the record of every test's duration, beside their progress logs (each
+# test's start and end as they happen: what a stopped tier was running). The main tier runs on $(TEST_WORKERS)
 # pytest-xdist workers: the end-to-end tests one after another on one (tests/conftest.py), the unit tests on the
-# other in the CPU a verl job leaves idle (TEST_WORKERS=0: one process). Each tier has a time budget (seconds):
-# past it, pytest is interrupted and writes its report, so the summary prints inside CI's 90 minutes, set-up
-# included, whatever hangs. Measured on 2 cores (clean clone, 2026-12-07): main 2709 s, vllm 1144 s; the budgets
-# are 1.26x those, and with set-up (about 6 min) they fill CI's 90.
+# other in the CPU a verl job leaves idle (TEST_WORKERS=0: one process).
+# Time: the tiers end by VERL_PIPE_TEST_DEADLINE (a unix time: .ci/run sets it from its own start, inside CI's
+# limit), by default $(TEST_BUDGET_S) s after they start. Past it pytest is interrupted and writes its report, so
+# the summary prints whatever hangs. The main tier leaves the vLLM tier at least $(VLLM_TIER_RESERVE_S) s; the vLLM
+# tier gets what is left. Measured on 2 cores (clean clone, 2026-12-07): main 2709 s, vllm 1144 s.
 TEST_REPORTS ?= runs/test-reports
 TEST_WORKERS ?= 2
-MAIN_TIER_BUDGET_S ?= 3420
-VLLM_TIER_BUDGET_S ?= 1440
+TEST_BUDGET_S ?= 5400
+VLLM_TIER_RESERVE_S ?= 600
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 test: install install-vllm
 	@rm -rf $(TEST_REPORTS) && mkdir -p $(TEST_REPORTS)
-	@t0=$$(date +%s); \
-	timeout --signal=INT --kill-after=120 $(MAIN_TIER_BUDGET_S) $(BIN)/python -m pytest tests \
+	@t0=$$(date +%s); deadline=$${VERL_PIPE_TEST_DEADLINE:-$$((t0 + $(TEST_BUDGET_S)))}; \
+	main_s=$$((deadline - t0 - $(VLLM_TIER_RESERVE_S))); \
+	VERL_PIPE_TEST_PROGRESS=$(TEST_REPORTS)/main.progress timeout --signal=INT --kill-after=60 \
+	  $$((main_s > 1 ? main_s : 1)) $(BIN)/python -m pytest tests \
 	  $(addprefix --ignore=,$(VLLM_TESTS)) $(XDIST) --junitxml=$(TEST_REPORTS)/main.xml $(PYTEST_ARGS); \
-	main=$$?; t1=$$(date +%s); \
-	VERL_PIPE_REQUIRE_VLLM=1 timeout --signal=INT --kill-after=120 $(VLLM_TIER_BUDGET_S) $(VLLM_VENV)/bin/python \
-	  -m pytest $(VLLM_TESTS) --junitxml=$(TEST_REPORTS)/vllm.xml $(PYTEST_ARGS); vllm=$$?; t2=$$(date +%s); \
+	main=$$?; t1=$$(date +%s); printf '%s\tstop\t%s\n' $$t1 $$main >> $(TEST_REPORTS)/main.progress; \
+	VERL_PIPE_TEST_PROGRESS=$(TEST_REPORTS)/vllm.progress VERL_PIPE_REQUIRE_VLLM=1 timeout --signal=INT \
+	  --kill-after=60 $$((deadline - t1 > 1 ? deadline - t1 : 1)) $(VLLM_VENV)/bin/python -m pytest $(VLLM_TESTS) \
+	  --junitxml=$(TEST_REPORTS)/vllm.xml $(PYTEST_ARGS); \
+	vllm=$$?; t2=$$(date +%s); printf '%s\tstop\t%s\n' $$t2 $$vllm >> $(TEST_REPORTS)/vllm.progress; \
 	$(BIN)/python tests/report_tiers.py --tier main $(TEST_REPORTS)/main.xml $$main $$((t1 - t0)) \
 	  --tier vllm $(TEST_REPORTS)/vllm.xml $$vllm $$((t2 - t1))
 

@@ -18,6 +18,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from prerequisites import missing  # noqa: E402
+import progress_log  # noqa: E402
 PATCH_COVERAGE_TEST = "test_every_patch_applies_and_runs_in_the_end_to_end_runs"
 
 
@@ -26,6 +27,7 @@ def pytest_configure(config):
     each job inherit this environment); tests/e2e/test_patch_coverage_on_cpu.py reads the ledger at the end. Under
     pytest-xdist the controller makes the ledger, and the workers' shared folder, before it starts them."""
     config._verl_pipe_own_dirs = []
+    progress_log.pytest_configure(config)  # each test's start and end as they happen, where make test asks for it
     if not os.environ.get("VERL_PIPE_PATCH_LEDGER"):
         os.environ["VERL_PIPE_PATCH_LEDGER"] = tempfile.mkdtemp(prefix="verl_pipe_patch_ledger_")
         config._verl_pipe_own_dirs.append(os.environ["VERL_PIPE_PATCH_LEDGER"])

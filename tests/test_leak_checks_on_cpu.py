@@ -44,7 +44,7 @@ def test_reads_the_run(shared_run, verl_runner):
 
 
 def _inner(tmp_path, body: str, path: str) -> subprocess.CompletedProcess:
-    for helper in ("conftest.py", "prerequisites.py"):
+    for helper in ("conftest.py", "prerequisites.py", "progress_log.py"):
         shutil.copy(os.path.join(TESTS, helper), tmp_path / helper)
     (tmp_path / "test_inner.py").write_text(body.format(path=path))
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    e2e: end to end\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TESTS)
@@ -64,23 +65,36 @@ def test_hangs():
 
 
 def _budgeted_tier(tmp_path, signal: str) -> tuple[int, str]:
-    """A tier with a hanging test, run as `make test` runs a tier: on 2 pytest-xdist workers, under `timeout`."""
+    """A tier with a hanging test, run as `make test` runs a tier: on 2 pytest-xdist workers, under `timeout`, with
+    the progress log, and the stop line the Makefile appends to it."""
     (tmp_path / "test_hangs.py").write_text(HANGS)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     report = str(tmp_path / f"hangs_{signal}.xml")
+    progress = str(tmp_path / f"hangs_{signal}.progress")
     argv = ["timeout", f"--signal={signal}", "--kill-after=60", "8", sys.executable, "-m", "pytest", "test_hangs.py",
-            "-p", "no:cacheprovider", "-q", "-n", "2", f"--junitxml={report}"]  # fmt: skip
-    return subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=120).returncode, report
+            "-p", "no:cacheprovider", "-p", "progress_log", "-q", "-n", "2", f"--junitxml={report}"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=TESTS, VERL_PIPE_TEST_PROGRESS=progress)
+    status = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, timeout=120).returncode
+    with open(progress, "a") as fh:
+        fh.write(f"{time.time():.1f}\tstop\t{status}\n")
+    return status, report
 
 
 def test_a_tier_stopped_at_its_budget_still_reports_what_ran(tmp_path, capsys):
     """The Makefile's budget interrupts pytest (SIGINT), which still writes its report: the summary says the tier
-    was stopped and counts the test that finished. Control: killing pytest instead (SIGKILL, what a plain `timeout`
-    or CI's limit does) leaves no report to read."""
+    was stopped, counts the test that finished and names the one that had not. Control: killing pytest instead
+    (SIGKILL, what a plain `timeout` or CI's limit does) leaves no report to read; the progress log, written as the
+    tests go, still names the test that hung."""
     status, report = _budgeted_tier(tmp_path, "INT")
     assert status == 124
     assert main(["--tier", "main", report, str(status), "8"]) == 1
     out = capsys.readouterr().out
     assert "stopped at its time budget" in out and "1 passed" in out, out
+    assert "unfinished when it stopped" in out and "test_hangs.py::test_hangs" in out, out
+    assert "test_done" not in out.split("test tiers")[1], out  # a finished test is not named unfinished
+    assert out.rstrip().splitlines()[-1].startswith(" total:"), out  # the tiers last, where a log's tail shows them
     status, report = _budgeted_tier(tmp_path, "KILL")
     assert status in (137, -9) and not os.path.exists(report)  # (timeout's group signal takes timeout too)
+    assert main(["--tier", "main", report, str(status), "8"]) == 1
+    out = capsys.readouterr().out
+    assert "no readable report" in out and "unfinished when it stopped" in out and "::test_hangs" in out, out

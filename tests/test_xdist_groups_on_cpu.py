@@ -51,7 +51,8 @@ def _inner(tmp_path, name: str, scheduler: bool = True, exclusive: bool = True) 
         assert conftest.count("fcntl.LOCK_EX") == 2
         conftest = conftest.replace("fcntl.LOCK_EX", "fcntl.LOCK_SH")
     (folder / "conftest.py").write_text(conftest)
-    shutil.copy(os.path.join(TESTS, "prerequisites.py"), folder / "prerequisites.py")
+    for helper in ("prerequisites.py", "progress_log.py"):  # what conftest imports
+        shutil.copy(os.path.join(TESTS, helper), folder / helper)
     log = str(folder / "ran.log")
     (folder / "test_inner.py").write_text(INNER.format(log=log))
     (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n    e2e: end to end\n    quiet: alone\n")
