@@ -59,6 +59,8 @@ SERIAL_MODULES = (
     "tests/test_leak_checks_on_cpu.py",
     "tests/reward_score/test_scoring_processes_on_cpu.py",
 )
+# Set by `make bench-smoke`: the tests marked bench_smoke run only then.
+BENCH_SMOKE_ENV = "VERL_PIPE_BENCH_SMOKE"
 # A folder the controller makes and its workers inherit: the serial tests' ids, the quiet tests' locks.
 _XDIST_DIR_ENV = "VERL_PIPE_XDIST_DIR"
 
@@ -77,6 +79,11 @@ def pytest_collection_modifyitems(session, config, items):
         group = item.get_closest_marker("xdist_group")
         if group:
             groups.append(f"{item.nodeid}\t{group.args[0] if group.args else group.kwargs.get('name', 'default')}")
+    if not os.environ.get(BENCH_SMOKE_ENV):  # `make bench-smoke` runs these; `make test` keeps a smoke of each
+        benchmarks = [item for item in items if item.get_closest_marker("bench_smoke")]
+        if benchmarks:
+            config.hook.pytest_deselected(items=benchmarks)
+            items[:] = [item for item in items if item not in benchmarks]
     # quiet tests late: by then the other worker has usually run out of tests, and none waits for them
     quiet = [item for item in items if item.get_closest_marker("quiet")]
     last = [item for item in items if item.name == PATCH_COVERAGE_TEST]

@@ -34,9 +34,11 @@ class ProgressLog:
 
 
 def pytest_configure(config):
-    path = os.environ.get(PROGRESS_ENV)
-    if path and not hasattr(config, "workerinput"):  # an xdist worker's events reach the controller, which logs them
-        config.pluginmanager.register(ProgressLog(path), "verl_pipe_progress_log")
+    # taken out of the environment: a pytest session a test starts (an inner session, in its own folder) must not
+    # write into this one's log; an xdist worker's events reach the controller, which logs them
+    path = os.environ.pop(PROGRESS_ENV, None)
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(ProgressLog(os.path.abspath(path)), "verl_pipe_progress_log")
 
 
 def unfinished(path: str) -> list[tuple[str, float]]:

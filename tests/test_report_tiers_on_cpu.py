@@ -98,3 +98,29 @@ def test_a_tier_stopped_at_its_budget_still_reports_what_ran(tmp_path, capsys):
     assert main(["--tier", "main", report, str(status), "8"]) == 1
     out = capsys.readouterr().out
     assert "no readable report" in out and "unfinished when it stopped" in out and "::test_hangs" in out, out
+
+
+NESTED = """
+import os, subprocess, sys
+def test_runs_a_session_of_its_own(tmp_path):
+    (tmp_path / "test_nested.py").write_text("def test_nested():\\n    pass\\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "test_nested.py", "-p", "progress_log", "-q"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+"""
+
+
+def test_a_session_a_test_starts_writes_nothing_into_the_tiers_progress_log(tmp_path):
+    """The log is the tier's: a pytest session one of its tests starts (in its own folder, with the same plugin
+    loaded) does not inherit it. (Inheriting it once crashed such inner sessions: the Makefile's path was relative.)"""
+    (tmp_path / "test_outer.py").write_text(NESTED)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    progress = tmp_path / "tier.progress"
+    env = dict(os.environ, PYTHONPATH=TESTS, VERL_PIPE_TEST_PROGRESS=str(progress))
+    done = subprocess.run([sys.executable, "-m", "pytest", "test_outer.py", "-p", "progress_log", "-p",
+                           "no:cacheprovider", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    logged = [line.split("\t")[2] for line in progress.read_text().splitlines()]
+    assert logged == ["test_outer.py::test_runs_a_session_of_its_own"] * 2, logged

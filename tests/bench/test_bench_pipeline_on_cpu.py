@@ -373,24 +373,42 @@ UNIT_S = 3.0
 MEASURED_STEPS = 4
 
 
+def _bench_cli(tmp_path, ray_cluster, *args: str, timeout: int) -> dict:
+    """``verl-pipe bench pipeline`` on the math profile, one block, through the CLI; its report."""
+    out = tmp_path / "bench.json"
+    argv = [os.path.join(os.path.dirname(sys.executable), "verl-pipe"), "bench", "pipeline", "--profiles", "math",
+            "--blocks", "1", "--unit-s", str(UNIT_S), "--no-sensitivity", "--out-dir", str(tmp_path / "runs"),
+            "--out", str(out), "--ray-address", ray_cluster, *args]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(900)
+def test_one_in_flight_step_through_the_bench_cli_is_measured_and_priced(tmp_path, ray_cluster):
+    """The smoke `make test` keeps of the check below (which runs in `make bench-smoke`): the CLI plans, runs and
+    prices one in_flight_pipeline step after one warm-up step. No bound on the CPU's share (a busy machine must not
+    restart it on a longer clock): this checks the path, not the timing."""
+    report = _bench_cli(tmp_path, ray_cluster, "--schedules", "in_flight_pipeline", "--steps", "1", "--warmup-steps",
+                        "1", "--max-cpu-share", "1.0", timeout=800)  # fmt: skip
+    (run,) = report["runs"]
+    assert run["schedule"] == "in_flight_pipeline" and len(run["step_s_each"]) == 1 and run["step_s"] > 0, run
+    assert report["profiles"]["math"]["what_if"]["in_flight_pipeline"]["step_s"] > 0
+    bound = report["profiles"]["math"]["plans"]["in_flight_pipeline"]["knob_values"]["max_lag"]
+    assert run["token_lag_max"] <= bound and run["dropped_groups"] == 0, run
+
+
+@pytest.mark.bench_smoke
 @pytest.mark.quiet
 @pytest.mark.timeout(1500)
 def test_measured_steps_match_the_what_if_model(tmp_path, ray_cluster):
     """Two schedules of the math profile through the CLI, one block: the real trainers' step on the modelled
     cluster is within 15% of the what-if model's expectation (the planner's prediction), in_flight's gain over
     verl_sync is at least a third of the predicted one, and the run is priced."""
-    out = tmp_path / "bench.json"
-    argv = [os.path.join(os.path.dirname(sys.executable), "verl-pipe"), "bench", "pipeline", "--profiles", "math",
-            "--schedules", "verl_sync,in_flight_pipeline", "--blocks", "1", "--unit-s", str(UNIT_S),
-            "--steps", str(MEASURED_STEPS), "--max-cpu-share", "0.5",
-            "--warmup-steps", "2",
-            "--no-sensitivity", "--out-dir", str(tmp_path / "runs"), "--out", str(out), "--ray-address",
-            ray_cluster]  # fmt: skip
     # On a box too slow for the clock, the benchmark starts again on a longer one (2026-12-02: from unit 3 to 14,
     # 794 s in all; about 5 min where unit 3 holds the CPU's work)
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = _bench_cli(tmp_path, ray_cluster, "--schedules", "verl_sync,in_flight_pipeline", "--steps",
+                        str(MEASURED_STEPS), "--max-cpu-share", "0.5", "--warmup-steps", "2", timeout=1400)  # fmt: skip
     what_if = report["profiles"]["math"]["what_if"]
     runs = {run["schedule"]: run for run in report["runs"]}
     # Steps of one seed's response lengths: by the model's own spread between seeds, a 2-step mean is ~10% (one sd)
