@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from progress_log import unfinished  # noqa: E402
 
 
-# `timeout`'s exit status when the tier's budget ran out (124), or when it had to kill pytest after it (137).
+# `timeout`'s exit status when the tier's time ran out (124), or when it had to kill pytest after it (137).
 TIMED_OUT = (124, 137)
 
 
@@ -84,7 +84,7 @@ def format_report(tiers: list[Tier], slowest: int) -> str:
             summary = ", ".join(f"{n} {k}" for k, n in t.counts.items() if n)
         status = "ok" if t.exit_status == 0 else f"FAILED (exit {t.exit_status})"
         if t.exit_status in TIMED_OUT:
-            status = f"FAILED (stopped at its time budget, exit {t.exit_status}: the tests after it did not run)"
+            status = f"FAILED (stopped at its time limit, exit {t.exit_status}: the tests after it did not run)"
         lines.append(f"{t.name:>6}: {t.wall_s / 60:5.1f} min  {status}  {summary}")
         lines += [f"        unfinished when it stopped ({s:.0f} s in): {n}" for n, s in t.unfinished]
     total = sum(t.wall_s for t in tiers)

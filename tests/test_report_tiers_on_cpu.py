@@ -64,7 +64,7 @@ def test_hangs():
 """
 
 
-def _budgeted_tier(tmp_path, signal: str) -> tuple[int, str]:
+def _time_limited_tier(tmp_path, signal: str) -> tuple[int, str]:
     """A tier with a hanging test, run as `make test` runs a tier: on 2 pytest-xdist workers, under `timeout`, with
     the progress log, and the stop line the Makefile appends to it."""
     (tmp_path / "test_hangs.py").write_text(HANGS)
@@ -80,20 +80,20 @@ def _budgeted_tier(tmp_path, signal: str) -> tuple[int, str]:
     return status, report
 
 
-def test_a_tier_stopped_at_its_budget_still_reports_what_ran(tmp_path, capsys):
-    """The Makefile's budget interrupts pytest (SIGINT), which still writes its report: the summary says the tier
+def test_a_tier_stopped_at_its_time_limit_still_reports_what_ran(tmp_path, capsys):
+    """The Makefile's time limit interrupts pytest (SIGINT), which still writes its report: the summary says the tier
     was stopped, counts the test that finished and names the one that had not. Control: killing pytest instead
     (SIGKILL, what a plain `timeout` or CI's limit does) leaves no report to read; the progress log, written as the
     tests go, still names the test that hung."""
-    status, report = _budgeted_tier(tmp_path, "INT")
+    status, report = _time_limited_tier(tmp_path, "INT")
     assert status == 124
     assert main(["--tier", "main", report, str(status), "8"]) == 1
     out = capsys.readouterr().out
-    assert "stopped at its time budget" in out and "1 passed" in out, out
+    assert "stopped at its time limit" in out and "1 passed" in out, out
     assert "unfinished when it stopped" in out and "test_hangs.py::test_hangs" in out, out
     assert "test_done" not in out.split("test tiers")[1], out  # a finished test is not named unfinished
     assert out.rstrip().splitlines()[-1].startswith(" total:"), out  # the tiers last, where a log's tail shows them
-    status, report = _budgeted_tier(tmp_path, "KILL")
+    status, report = _time_limited_tier(tmp_path, "KILL")
     assert status in (137, -9) and not os.path.exists(report)  # (timeout's group signal takes timeout too)
     assert main(["--tier", "main", report, str(status), "8"]) == 1
     out = capsys.readouterr().out
