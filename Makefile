@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 ROLLOUT ?= vllm
 BENCH_ROLLOUT ?= hf
 
-.PHONY: install install-vllm test-vllm demo dry-run test test-fast doctor docs chaos gpu-check bench bench-smoke bench-learn bench-reward clean-runs
+.PHONY: install install-vllm test-vllm demo demo-profile dry-run test test-fast doctor docs chaos gpu-check bench bench-smoke bench-learn bench-reward clean-runs
 
 # torch for a machine without an NVIDIA driver: the CPU build, whatever pip's default index serves (PyPI's plain
 # `torch` is the CUDA build, gigabytes a GPU-less machine cannot use). PyTorch's CPU wheel index where it answers,
@@ -91,6 +91,12 @@ test-vllm: install-vllm
 #   and weight sync on the CPU backend)
 demo: $(call deps_for,$(ROLLOUT))
 	$(call bin_for,$(ROLLOUT))/verl-pipe quickstart --rollout $(ROLLOUT) $(ARGS)
+
+# The demo with its phase table printed at the end (start-up, each validation, each step's phases; docs/demo.md),
+# beside BUSY_LOOPS processes that spin a core each (0: alone): make demo-profile BUSY_LOOPS=1
+BUSY_LOOPS ?= 0
+demo-profile: $(call deps_for,$(ROLLOUT))
+	$(call bin_for,$(ROLLOUT))/verl-pipe quickstart --rollout $(ROLLOUT) --profile --busy-loops $(BUSY_LOOPS) $(ARGS)
 
 # A recipe's DRY_RUN with this project's virtualenv: compose and validate its config against verl's schema and
 # print it, no GPU: make dry-run RECIPE=deepcoder_14b [DRY_RUN=json] [ARGS="hydra overrides"] (STAGE=2 ... as for

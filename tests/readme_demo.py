@@ -74,9 +74,10 @@ def readme_demo_commands(paths: list[str] | None = None) -> list[DemoCommand]:
     lines: list[str] = []
     for path in paths or documented_pages():
         text = open(path, encoding="utf-8").read()
-        lines += re.findall(r"`(make demo[^`\n]*)`", text)
+        # `make demo` itself, not a target named after it (make demo-profile)
+        lines += re.findall(r"`(make demo(?![\w-])[^`\n]*)`", text)
         for block in re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.S):
-            lines += [line for line in block.splitlines() if line.lstrip().startswith("make demo")]
+            lines += [line for line in block.splitlines() if re.match(r"\s*make demo(?![\w-])", line)]
     # each line once, in the pages' order; ARGS="..." is the placeholder for "your flags", not a command
     return [parse_demo_command(line) for line in dict.fromkeys(lines) if 'ARGS="..."' not in line]
 

@@ -80,8 +80,10 @@ LAYERS = (
     # it, placement of pools on Ray nodes, /dev/shm clean-up, local models, GRPO+
     ("components", ("verl_pipe.reward_score", "verl_pipe.rollout", "verl_pipe.backends", "verl_pipe.pool_nodes",
                     "verl_pipe.shm", "verl_pipe.models", "verl_pipe.algorithms")),
-    # built on the reward: the reward manager inside verl's reward loop, dataset tooling, run summaries
-    ("reward plumbing and data", ("verl_pipe.reward_manager", "verl_pipe.data", "verl_pipe.run_metrics")),
+    # built on the reward: the reward manager inside verl's reward loop, dataset tooling, run summaries and phase
+    # tables
+    ("reward plumbing and data", ("verl_pipe.reward_manager", "verl_pipe.data", "verl_pipe.run_metrics",
+                                  "verl_pipe.run_profile")),
     # the pipelined modes on verl's V1 trainer: they read the reward manager's per-sample timestamps
     ("trainers", ("verl_pipe.trainers",)),
     # draws what the layers below record

@@ -237,6 +237,81 @@ def test_ray_address_replaces_num_cpus():
     assert composed.ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM == "cpu"
 
 
+_RAY_WORKER_PROBE = """
+import json, os, sys
+import ray
+ray.init(**json.loads(sys.argv[1]), include_dashboard=False)
+
+@ray.remote(num_cpus=0)
+def probe():
+    return {"nice": os.nice(0), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+
+print(json.dumps(ray.get(probe.remote())))
+ray.shutdown()
+"""
+
+
+def _ray_worker_seen_with(ray_init: dict) -> dict:
+    """Start a Ray cluster of its own (address "local": never the suite's shared one) with these ray.init kwargs, as
+    verl's driver does, and ask one of its workers."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    temp_dir = tempfile.mkdtemp(prefix="ray-probe-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    kwargs = {**ray_init, "num_cpus": 1, "address": "local", "_temp_dir": temp_dir}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _RAY_WORKER_PROBE, json.dumps(kwargs)],
+            capture_output=True, text=True, timeout=180, env=env, cwd=temp_dir,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_jobs_ray_workers_share_the_cores_as_ordinary_processes_and_sleep_while_they_wait():
+    """Guards the demo against a busy neighbour: Ray's workers start at niceness 15 (below every ordinary process
+    on the box) and OpenMP threads spin at barriers; together one busy loop made the demo's update 6.8x slower."""
+    from omegaconf import OmegaConf
+
+    composed = _compose(training_overrides(QuickstartConfig(), "/m", "/t.parquet", "/v.parquet", "/r"))
+    ray_init = OmegaConf.to_container(composed.ray_kwargs.ray_init, resolve=True)
+    assert ray_init["_system_config"] == {"worker_niceness": 0}
+    assert ray_init["runtime_env"]["env_vars"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    seen = _ray_worker_seen_with({k: ray_init[k] for k in ("_system_config", "runtime_env")})
+    assert seen == {"nice": 0, "omp_wait_policy": "PASSIVE"}
+    # Control: without the override Ray's own default applies, which is what the demo ran with before.
+    assert _ray_worker_seen_with({})["nice"] == 15
+
+
+def test_the_cores_sharing_settings_can_be_turned_off_and_are_not_sent_to_a_cluster_the_job_joins():
+    default = cpu_backend_overrides(CpuBackendConfig())
+    assert "+ray_kwargs.ray_init._system_config.worker_niceness=0" in default
+    # Ray refuses _system_config when joining a running cluster; its workers keep that cluster's niceness.
+    joined = cpu_backend_overrides(CpuBackendConfig(ray_address="127.0.0.1:6379"))
+    assert not any("_system_config" in o for o in joined)
+    assert "+ray_kwargs.ray_init.runtime_env.env_vars.OMP_WAIT_POLICY=PASSIVE" in joined
+    plain = cpu_backend_overrides(CpuBackendConfig(omp_wait_policy=None, worker_niceness=None))
+    assert not any("OMP_WAIT_POLICY" in o or "worker_niceness" in o for o in plain)
+    with pytest.raises(ValueError, match="OMP_WAIT_POLICY"):
+        cpu_backend_overrides(CpuBackendConfig(omp_wait_policy="sleepy"))
+    with pytest.raises(ValueError, match="worker_niceness"):
+        cpu_backend_overrides(CpuBackendConfig(worker_niceness=-5))
+
+
+def test_vllm_servers_on_the_cpu_platform_use_the_jobs_threads_unbound_unless_the_user_binds_them(monkeypatch):
+    from verl_pipe.backends.cpu.platform import PlatformCPU
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    assert PlatformCPU().rollout_env_vars() == {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")
+    assert PlatformCPU().rollout_env_vars() == {"VLLM_CPU_OMP_THREADS_BIND": "0-3"}
+
+
 @pytest.mark.parametrize(
     "kwargs, threads",
     [

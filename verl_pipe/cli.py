@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument(
         "--data",
         choices=["embedded", "functions"],
-        help="embedded (default: the 50 shipped coding problems) or functions (generated one-function problems)",
+        help="functions (default: generated one-function problems) or embedded (the 50 shipped coding problems)",
     )
     qs.add_argument("--steps", type=int)
     qs.add_argument("--prompts-per-step", dest="prompts_per_step", type=int)
@@ -297,6 +297,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     qs.add_argument("--out-dir", dest="out_dir")
     qs.add_argument("--seed", type=int)
+    qs.add_argument(
+        "--profile",
+        action="store_true",
+        default=None,
+        help="print the run's phase table at the end: start-up, each validation, each step's phases (it is "
+        "written to phases.json in the run folder either way)",
+    )
+    qs.add_argument(
+        "--busy-loops",
+        dest="busy_loops",
+        type=int,
+        help="start this many processes that spin a core each beside the run (a light load to profile it under)",
+    )
     qs.add_argument(
         "overrides",
         nargs="*",

@@ -246,7 +246,8 @@ GRPO_PLUS = PatchGroup(
 
 STEP_METRICS = PatchGroup(
     title="Step metrics",
-    note="GRPO+'s degenerate-group counts and the reward manager's `reward/*` go into each step's metrics.",
+    note="GRPO+'s degenerate-group counts and the reward manager's `reward/*` go into each step's metrics, and "
+    "each validation's wall time into its own.",
     patches=(
         VerlPatch(
             name="step_metrics@ray_trainer",
@@ -276,6 +277,17 @@ STEP_METRICS = PatchGroup(
             upstream="aggregate `reward_extra_info` (numeric means, categorical fractions) into the step's "
             "metrics, as the legacy trainer does with non-tensor fields",
             apply=f"{_REWARD_HOOKS}:_patch_v1_compute_metrics",
+        ),
+        VerlPatch(
+            name="validation_time@v1",
+            target=f"{_TRAINER_V1}:PPOTrainer._validate",
+            fingerprint="return self._val_metrics_update(",
+            why="V1 times the validation after a step (`timing_s/testing`) but not the one before training, so a "
+            "run's start-up and its first validation cannot be told apart; the patch adds `timing_s/validation` "
+            "to every validation's metrics",
+            upstream="time `_validate` itself (or the `val_before_train` call) with `marked_timer`, as the step's "
+            "phases are",
+            apply="verl_pipe.step_metrics:patch_v1_validation_time",
         ),
     ),
 )

@@ -138,6 +138,11 @@ class QuickstartConfig:
     # Torch threads per actor; None: the cores shared out among the ranks that compute at once (a colocated
     # trainer and its sampler take turns, so one rank gets every core; separate pools split them).
     torch_threads: Optional[int] = None
+    # Print the run's phase table at the end (it is written to phases.json either way: verl_pipe.run_profile).
+    profile: bool = False
+    # Processes spinning a core each beside the run, for its whole length: the light load a profile measures
+    # the run under (make demo-profile BUSY_LOOPS=1).
+    busy_loops: int = 0
     # Hydra overrides for verl, after the quickstart's own (so they win); none may set a key a flag sets (FLAG_KEYS).
     overrides: list[str] = field(default_factory=list)
 
@@ -215,6 +220,8 @@ class QuickstartConfig:
                 )
             if self.sampler_ranks < 1:
                 raise SetupError(f"sampler_ranks must be >= 1, got {self.sampler_ranks} (--sampler-ranks)")
+        if self.busy_loops < 0:
+            raise SetupError(f"busy_loops must be >= 0, got {self.busy_loops} (--busy-loops)")
         for name in ("steps", "prompts_per_step", "samples_per_prompt", "max_response_length", "ranks"):
             if getattr(self, name) < 1:
                 raise SetupError(f"{name} must be >= 1, got {getattr(self, name)} (--{name.replace('_', '-')})")
@@ -375,9 +382,21 @@ def _error_tail(log_path: str, lines: int = 25) -> str:
     return "".join((errors or tail)[-lines:])
 
 
-def follow_training(argv: list[str], env: dict[str, str], run_dir: str, steps: int) -> int:
-    """Run the trainer, print one summary line per step as verl logs it, and write metrics.jsonl."""
+def follow_training(
+    argv: list[str],
+    env: dict[str, str],
+    run_dir: str,
+    steps: int,
+    timeline: Optional[list] = None,
+    started: Optional[float] = None,
+) -> int:
+    """Run the trainer, print one summary line per step as verl logs it, and write metrics.jsonl.
+
+    With ``timeline`` (a list), every record of verl's metric log is appended to it as a
+    :class:`~verl_pipe.run_profile.TimedRecord`, seen so many seconds after ``started`` (default: now)."""
     from tqdm import tqdm
+
+    from verl_pipe.run_profile import TimedRecord
 
     from verl_pipe.shm import removing_orphaned_segments
     from verl_pipe.run_metrics import VerlMetricsTail, summarize_step
@@ -385,6 +404,7 @@ def follow_training(argv: list[str], env: dict[str, str], run_dir: str, steps: i
     log_path = os.path.join(run_dir, "train.log")
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     tail = VerlMetricsTail(env["VERL_FILE_LOGGER_PATH"])
+    started = time.time() if started is None else started
     with open(log_path, "w", encoding="utf-8") as log, open(metrics_path, "w", encoding="utf-8") as metrics_out, \
             removing_orphaned_segments():
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -394,6 +414,8 @@ def follow_training(argv: list[str], env: dict[str, str], run_dir: str, steps: i
             while True:
                 finished = proc.poll() is not None
                 for step, data in tail.poll():
+                    if timeline is not None:
+                        timeline.append(TimedRecord(seen_s=time.time() - started, step=step, data=data))
                     if step in seen or "timing_s/step" not in data:
                         continue  # validation-only records carry no step timing
                     seen.add(step)
@@ -436,7 +458,8 @@ def validation_items(run_dir: str) -> int:
 
 def run(cfg: QuickstartConfig) -> int:
     from verl_pipe.plot import plot_metrics
-    from verl_pipe.run_metrics import validations_from_verl_log
+    from verl_pipe.run_metrics import learning_verdict, validations_from_verl_log
+    from verl_pipe.run_profile import busy_loops, describe_load, phase_table
 
     run_dir, argv, env = prepare(cfg)
     print(
@@ -445,17 +468,26 @@ def run(cfg: QuickstartConfig) -> int:
     )
     print(f"verl log: {os.path.join(run_dir, 'train.log')}")
     started = time.time()
-    rc = follow_training(argv, env, run_dir, cfg.steps)
+    timeline: list = []
+    with busy_loops(cfg.busy_loops):
+        rc = follow_training(argv, env, run_dir, cfg.steps, timeline=timeline, started=started)
+    table = phase_table(timeline, total_s=time.time() - started, load=describe_load(cfg.busy_loops))
+    with open(os.path.join(run_dir, "phases.json"), "w", encoding="utf-8") as fh:
+        fh.write(table.to_json() + "\n")
     validations = []
     if os.path.exists(metrics_log_path(run_dir)):
         validations = validations_from_verl_log(metrics_log_path(run_dir), validation_items(run_dir))
     for validation in validations:
         when = "before training" if validation.step == 0 else f"after step {validation.step}"
         print(f"greedy validation {when}: {validation.line()}")
+    if len(validations) >= 2:
+        print(f"learning: {learning_verdict(validations[0], validations[-1])}")
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     if os.path.getsize(metrics_path) > 0:
         png = plot_metrics(metrics_path, os.path.join(run_dir, "curves.png"), validations)
         print(f"metrics: {metrics_path}")
         print(f"curves:  {png}")
-    print(f"wall time: {time.time() - started:.0f} s")
+    if cfg.profile:
+        print(table.render())
+    print(f"wall time: {table.total_s:.0f} s")
     return rc

@@ -115,6 +115,24 @@ class Validation:
         return f"{100 * self.accuracy:.1f}% [{100 * low:.1f}, {100 * high:.1f}] ({self.passed}/{self.items})"
 
 
+def learning_verdict(before: Validation, after: Validation) -> str:
+    """One line on what two validations show: the change, how wide each 95% interval is, whether they are apart."""
+    low_before, high_before = before.interval
+    low_after, high_after = after.interval
+    change = 100 * (after.accuracy - before.accuracy)
+    if low_after > high_before:
+        verdict = "the 95% intervals are apart: it learned"
+    elif high_after < low_before:
+        verdict = "the 95% intervals are apart: it got worse"
+    else:
+        verdict = "the 95% intervals overlap: this run cannot tell a change from noise"
+    return (
+        f"{change:+.1f} points from step {before.step} to step {after.step}, on intervals "
+        f"{100 * (high_before - low_before):.1f} and {100 * (high_after - low_after):.1f} points wide "
+        f"({before.items} problems); {verdict}"
+    )
+
+
 def validations_from_verl_log(path: str, items: int) -> list[Validation]:
     """Every validation in verl's file-logger output (``val_before_train`` as step 0), as passed counts of the
     ``items`` validation problems, by step."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -56,3 +57,27 @@ def patch_legacy_trainer() -> None:
 
 def patch_v1_trainer() -> None:
     _patch_trainer_module(TRAINER_MODULES[1], "step_metrics@trainer_base")
+
+
+VALIDATION_TIME_KEY = "timing_s/validation"
+
+
+def patch_v1_validation_time() -> None:
+    """Time every V1 validation into its own metrics; verl times only the one after a step (``timing_s/testing``),
+    so the one before training, which a short run spends a large share of its time in, was nowhere."""
+    module = importlib.import_module(TRAINER_MODULES[1])
+    original = module.PPOTrainer._validate
+    if is_patched(original):
+        return
+
+    @mark_patched(original)
+    @functools.wraps(original)
+    def _validate(self, *args, **kwargs):
+        fired("validation_time@v1")
+        started = time.perf_counter()
+        metrics = original(self, *args, **kwargs)
+        if isinstance(metrics, dict) and metrics:  # verl asserts a non-empty dict; leave anything else to it
+            metrics[VALIDATION_TIME_KEY] = time.perf_counter() - started
+        return metrics
+
+    module.PPOTrainer._validate = _validate

@@ -153,6 +153,14 @@ class PlatformCPU(PlatformBase):
     def ray_noset_envvars(self) -> list[str]:
         return []
 
+    def rollout_env_vars(self) -> dict[str, str]:
+        # vLLM's CPU worker binds its OpenMP threads by default ("auto"), keeping one core of the node for its
+        # scheduler: on 2 cores it decodes on one, pinned, beside a trainer that alternates with it anyway.
+        # "nobind" leaves the threads to the OS and their count to OMP_NUM_THREADS (the job's share of the
+        # cores): the demo's greedy validation, alone, 23.0 s bound to one core, 18.5 s on two unbound (14.9 s
+        # bound to both, which a busy process beside it makes 28.0 s). A user's own setting wins.
+        return {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
+
     def is_ipc_supported(self) -> bool:
         return False
 
