@@ -5,7 +5,7 @@ validation (``timing_s/validation``, which :mod:`verl_pipe.step_metrics` adds, s
 before training), and the wall time at which the quickstart saw each of verl's metric records arrive. Start-up is
 what comes before the first record's own duration; ``finish`` is what comes after the last record (verl's
 shutdown). Arrival times are polled once a second, so start-up and finish carry about a second of error; the
-rest are verl's own timers.
+rest are verl's own timers. The quickstart's ``finish`` also holds its plot.
 
 ``busy_loops(n)`` starts ``n`` processes that spin a core each, at the caller's priority, for the duration of a
 run: the light concurrent load ``make demo-profile BUSY_LOOPS=1`` measures the run against.

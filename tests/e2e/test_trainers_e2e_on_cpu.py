@@ -90,6 +90,15 @@ def test_quickstart_v1_one_rank_with_code_reward(tmp_path, tiny_model_path, ray_
     # Greedy validation after the last step ran through the hf server and verl's validation metrics.
     assert rows[0]["val_pass_rate"] is None and rows[1]["val_pass_rate"] is not None
     assert os.path.getsize(os.path.join(cfg.out_dir, "curves.png")) > 10_000
+    assert re.search(r"learning: [+-][\d.]+ points from step 0 to step 2, on intervals [\d.]+ and [\d.]+ points wide "
+                     r"\(120 problems\)", printed), printed  # fmt: skip
+    # The phase table: verl's validation before training was timed by the patch on its _validate (without it the
+    # table cannot tell start-up from that validation and leaves both unknown), the steps by verl's own timers.
+    with open(os.path.join(cfg.out_dir, "phases.json")) as fh:
+        phases = json.load(fh)
+    assert phases["validation_before_s"] > 0 and phases["startup_s"] > 0 and phases["validation_after_s"] > 0
+    assert [s["step"] for s in phases["steps"]] == [1, 2]
+    assert phases["startup_s"] + phases["validation_before_s"] < phases["total_s"]
 
 
 GAE_WITH_CRITIC = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4"]
