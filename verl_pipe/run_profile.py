@@ -20,12 +20,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Optional
 
+from verl_pipe.step_metrics import VALIDATION_TIME_KEY as VALIDATION_KEY
+
 # verl's step timers, in the order a synchronous step runs them; any other timing_s/* of a step goes to "other".
 STEP_PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
                "update_weights")  # fmt: skip
-# Timers that are not part of a step's own time (V1 times the validation after the step outside its step timer).
-_NOT_STEP = ("step", "testing", "validation")
-VALIDATION_KEY = "timing_s/validation"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@ Several parts of verl-pipe need to (GRPO+'s degenerate-group counts, the interle
 ``reward/*`` on the legacy trainer), so one version-guarded patch per trainer (declared in
 :mod:`verl_pipe.patch_registry`) calls every registered contributor; a part registers a contributor with
 :func:`add_contributor` instead of wrapping the function again.
+
+A second patch times each of the V1 trainer's validations into its metrics (``timing_s/validation``), since verl
+times only the one after a step: the phase table of a run (:mod:`verl_pipe.run_profile`) reads it.
 """
 
 from __future__ import annotations
