@@ -118,7 +118,7 @@ dry-run: install
 # Time: the tiers end by VERL_PIPE_TEST_DEADLINE (a unix time: .ci/run sets it from its own start, inside CI's
 # limit), by default $(TEST_BUDGET_S) s after they start. Past it pytest is interrupted and writes its report, so
 # the summary prints whatever hangs. The main tier leaves the vLLM tier at least $(VLLM_TIER_RESERVE_S) s; the vLLM
-# tier gets what is left. Measured on 2 cores (clean clone, 2026-12-07): main 2747 s, vllm 1230 s, set-up 76 s.
+# tier gets what is left. Measured on 2 cores (clean clone, 2026-12-07): main 2561 s, vllm 1098 s, set-up 153 s.
 TEST_REPORTS ?= runs/test-reports
 TEST_WORKERS ?= 2
 TEST_BUDGET_S ?= 5400
