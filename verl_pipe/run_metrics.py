@@ -18,13 +18,16 @@ from verl_pipe.reward_score.extract import extract_last_python_block
 
 WILSON_Z = 1.959964  # the two-sided 95% quantile of the normal
 
-# verl metric key -> our short name. Phases appear only when the trainer ran them.
+# verl metric key -> our short name, in the order a synchronous step runs them. Phases appear only when the
+# trainer ran them.
 PHASE_KEYS = {
     "timing_s/gen": "gen",
     "timing_s/reward": "reward",
     "timing_s/old_log_prob": "old_log_prob",
     "timing_s/ref": "ref",
+    "timing_s/values": "values",
     "timing_s/adv": "adv",
+    "timing_s/update_critic": "update_critic",
     "timing_s/update_actor": "update_actor",
     "timing_s/update_weights": "update_weights",
     "timing_s/testing": "validate",

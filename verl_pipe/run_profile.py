@@ -20,11 +20,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Optional
 
+from verl_pipe.run_metrics import PHASE_KEYS
 from verl_pipe.step_metrics import VALIDATION_TIME_KEY as VALIDATION_KEY
 
-# verl's step timers, in the order a synchronous step runs them; any other timing_s/* of a step goes to "other".
-STEP_PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
-               "update_weights")  # fmt: skip
+# verl's timers inside a step (the step's own and the validation after it are not), keyed by their short names;
+# any other timing_s/* of a step goes to "other".
+STEP_PHASES = {short: key for key, short in PHASE_KEYS.items() if short not in ("step", "validate")}
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class PhaseTable:
 
 def _step_phases(step: int, data: dict) -> StepPhases:
     step_s = float(data["timing_s/step"])
-    phases = {p: float(data[f"timing_s/{p}"]) for p in STEP_PHASES if f"timing_s/{p}" in data}
+    phases = {short: float(data[key]) for short, key in STEP_PHASES.items() if key in data}
     # Nested or unlisted timers (a mode's own) are left inside "other" rather than counted twice.
     phases["other"] = max(0.0, step_s - sum(phases.values()))
     return StepPhases(step=step, step_s=step_s, phases_s=phases)
