@@ -128,7 +128,8 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         self._update_loads = {"sent": 0, "skipped": 0}  # this step's minibatch loads (not the step's last)
         self._unsent_update: float | None = None  # the version of a minibatch update's weights not loaded yet
         # the most prompt groups generating, and submitted and not yet trained, at once since the last step's
-        # metrics, as the feeder left them (both only rise when it submits, so its reading after a top-up is the peak)
+        # metrics (both only rise when the feeder submits, so its reading after a top-up is the peak; the untrained
+        # one starts each window at the level carried into it)
         self._generating_peak = 0
         self._untrained_peak = 0
 
@@ -364,11 +365,21 @@ class InFlightPipelineTrainer(PipelinedTrainer):
         metrics["in_flight/update_loads_sent"] = float(self._update_loads["sent"])
         metrics["in_flight/update_loads_skipped"] = float(self._update_loads["skipped"])
         self._update_loads = {"sent": 0, "skipped": 0}
-        with self._lock:
-            metrics["in_flight/generating_max"] = float(self._generating_peak)
-            metrics["in_flight/max_in_flight_prompts"] = float(self.slots)
-            metrics["in_flight/untrained_max"] = float(self._untrained_peak)
-            if self.pipeline_cfg.max_untrained_prompts is not None:
-                metrics["in_flight/max_untrained_prompts"] = float(self.pipeline_cfg.max_untrained_prompts)
-            self._generating_peak = self._untrained_peak = 0
+        metrics.update(self._take_peaks())
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+
+    def _take_peaks(self) -> dict[str, float]:
+        """The peaks since the last step's metrics, beside their caps; the next window starts from the groups
+        untrained now (a window in which the feeder submits nothing, e.g. a step that takes its groups before its
+        next poll, still held them: starting it at 0 read a full cap as one short)."""
+        with self._lock:
+            peaks = {
+                "in_flight/generating_max": float(self._generating_peak),
+                "in_flight/max_in_flight_prompts": float(self.slots),
+                "in_flight/untrained_max": float(self._untrained_peak),
+            }
+            if self.pipeline_cfg.max_untrained_prompts is not None:
+                peaks["in_flight/max_untrained_prompts"] = float(self.pipeline_cfg.max_untrained_prompts)
+            self._generating_peak = 0
+            self._untrained_peak = self._untrained_now()
+        return peaks

@@ -72,6 +72,23 @@ def test_a_cap_on_the_untrained_groups_admits_only_its_room():
     assert _admit(synced=1, next_step=2, untrained=3, lag=2, waiting_room=-1) == 0  # over the cap: nothing
 
 
+def test_a_steps_untrained_peak_counts_the_groups_carried_into_it():
+    """Guards: the step after one that left the cap full reading one short when the feeder submitted nothing in
+    its window (it took its groups before the feeder's next poll; seen in CI as 'peak 4, not 5')."""
+    import threading
+
+    trainer = InFlightPipelineTrainer.__new__(InFlightPipelineTrainer)
+    trainer._lock, trainer.slots = threading.Lock(), 8
+    trainer.pipeline_cfg = PipelineConfig.from_section(MODE, {"max_untrained_prompts": 5})
+    trainer._submitted, trainer._taken, trainer._dropped = 9, 4, 0  # step 1 took 4 of 9: 5 untrained, the cap
+    trainer._generating_peak, trainer._untrained_peak = 5, 5
+    first = trainer._take_peaks()
+    assert first["in_flight/untrained_max"] == 5 and first["in_flight/max_untrained_prompts"] == 5
+    trainer._taken = 8  # step 2 takes its 4 with no top-up in between
+    assert trainer._take_peaks()["in_flight/untrained_max"] == 5  # the 5 it started with
+    assert trainer._take_peaks()["in_flight/untrained_max"] == 1  # step 3 starts from the 1 left
+
+
 def test_admitted_prompts_always_fit_before_their_deadlines():
     """Earliest-deadline-first with ``batch`` groups a step: however groups finish, none is trained late. The check
     fails when the rule admits one more prompt than it allows (the negative control)."""
