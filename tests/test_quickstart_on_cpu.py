@@ -205,12 +205,17 @@ def _dry_run(cfg: QuickstartConfig):
 @pytest.mark.parametrize("mode", list(MODE_LAYOUT))
 def test_mode_passes_the_recipes_dry_run(mode):
     separate, engine = MODE_LAYOUT[mode]
-    summary = _dry_run(QuickstartConfig(mode=mode))
+    cfg = QuickstartConfig(mode=mode)
+    summary = _dry_run(cfg)
     assert summary.use_v1 and summary.trainer_mode == mode and summary.device == "cpu"
     assert summary.layout["hybrid_engine"] is (not separate) and summary.weight_sync == engine
     assert (summary.layout["trainer_gpus"], summary.layout["sampler_gpus"]) == (1, 1 if separate else 0)
-    if mode in ("one_off_pipeline", "minibatch_pipeline", "in_flight_pipeline"):
-        assert summary.parameter_sync_step == 1  # the pipelined trainer's own derivation accepted the layout
+    # the pipelined trainer's own derivation accepted the layout: a sync per step, or per minibatch update in the
+    # modes that load each one (the demo's data trains 2 minibatches a step)
+    if mode == "one_off_pipeline":
+        assert summary.parameter_sync_step == 1
+    if mode in ("minibatch_pipeline", "in_flight_pipeline"):
+        assert summary.parameter_sync_step == cfg.minibatches == 2
 
 
 def test_legacy_trainer_passes_the_recipes_dry_run():
@@ -346,8 +351,14 @@ def test_each_dataset_brings_its_own_defaults_and_given_values_win():
     assert composed.trainer.val_before_train is True  # the demo shows the untrained model's accuracy too
     assert not embedded.validate_at_start and not QuickstartConfig(validate_at_end=False).validate_at_start
     assert composed.data.shuffle is False and embedded.shuffle is True  # the demo reads the families in turn
+    # the demo's 6 steps of 2 updates each (docs/demo.md: the 10 runs behind them); embedded keeps 5 of 1
+    assert (functions.steps, functions.minibatches, embedded.steps, embedded.minibatches) == (6, 2, 5, 1)
+    assert composed.trainer.total_training_steps == 6 and composed.actor_rollout_ref.actor.ppo_mini_batch_size == 4
+    assert QuickstartConfig(prompts_per_step=3).minibatches == 1  # 2 would not divide the batch
+    assert QuickstartConfig(steps=2, minibatches=4).minibatches == 4
     with pytest.raises(SetupError, match=re.escape("--data must be one of functions, embedded, got 'math'")):
         QuickstartConfig(data="math").validate()
+    assert QuickstartConfig(data="math").steps == 5  # an unknown dataset still builds, for validate() to name
 
 
 def test_step_summary_from_verl_log_formats(tmp_path):

@@ -283,10 +283,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["embedded", "functions"],
         help="functions (default: generated one-function problems) or embedded (the 50 shipped coding problems)",
     )
-    qs.add_argument("--steps", type=int)
+    qs.add_argument("--steps", type=int, help="training steps (default: the dataset's, 6 for functions, 5 for embedded)")
     qs.add_argument("--prompts-per-step", dest="prompts_per_step", type=int)
     qs.add_argument("--samples-per-prompt", dest="samples_per_prompt", type=int)
-    qs.add_argument("--minibatches", type=int, help="optimizer steps per training step (default 1)")
+    qs.add_argument(
+        "--minibatches",
+        type=int,
+        help="optimizer steps per training step (default: the dataset's where it divides --prompts-per-step, 2 for "
+        "functions, 1 for embedded)",
+    )
     qs.add_argument("--max-response-length", dest="max_response_length", type=int)
     qs.add_argument("--ranks", type=int, help="trainer ranks (gloo); in sync mode each is also a rollout replica")
     qs.add_argument(

@@ -41,17 +41,24 @@ class DataDefaults:
     shuffle: bool = True
     # Validate the untrained model too (when the run validates at all): the baseline a learning curve starts from.
     validate_at_start: bool = False
+    steps: int = 5
+    # Optimizer steps per training step (the batch split into minibatches), where they divide the prompts per step.
+    minibatches: int = 1
 
 
 # "functions" (the default): the generated one-function problems (verl_pipe.data.function_family; 200 training
 # and 120 validation items), where SmolLM2 is weak but learns within a few steps. Prompts are at most ~210 tokens
 # and answers 40-100; at temperature 0.7 most groups have mixed rewards, and lr 2e-5 raised the greedy
 # validation accuracy from 30.8% to 43.3% in 3 steps of 8x4 samples and to 48.3% in 6 (bench learn, sync).
+# 6 steps of 2 optimizer steps each: with one optimizer step per step, 5 steps ended anywhere from 38% to 54% (the
+# 95% intervals apart in 5 of 8 runs: 120 items need about +18 points); with two, bench learn's 9 sync runs ended
+# at 50.0-54.2% after 5 steps (docs/learning.md), and a sixth step buys the margin.
 # "embedded": the 50 coding problems shipped in the package (stdin and LeetCode-style; SmolLM2 passes 14
 # greedily, few sampled at temperature 1.0, so most steps have no learning signal).
 DATASETS: dict[str, DataDefaults] = {
     "functions": DataDefaults(
-        max_prompt_length=256, max_response_length=128, temperature=0.7, lr=2e-5, shuffle=False, validate_at_start=True
+        max_prompt_length=256, max_response_length=128, temperature=0.7, lr=2e-5, shuffle=False, validate_at_start=True,
+        steps=6, minibatches=2,
     ),
     "embedded": DataDefaults(max_prompt_length=512, max_response_length=192, temperature=1.0, lr=2e-6),
 }
@@ -107,12 +114,14 @@ class QuickstartConfig:
     algorithm: str = "grpo_plus"
     # The training and validation problems, a key of DATASETS.
     data: str = "functions"
-    steps: int = 5
-    # 8 prompts x 4 samples of SmolLM2-135M: a step of about 85 s on 2 cores (vLLM rollout).
+    # None: the dataset's default (DATASETS).
+    steps: Optional[int] = None
+    # 8 prompts x 4 samples of SmolLM2-135M: a step of about 65 s on 2 cores (vLLM rollout).
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
     # Optimizer steps per training step: the batch is split into this many minibatches (ppo_mini_batch_size).
-    minibatches: int = 1
+    # None: the dataset's default where it divides prompts_per_step, else 1.
+    minibatches: Optional[int] = None
     # None: the dataset's default (DATASETS).
     max_prompt_length: Optional[int] = None
     max_response_length: Optional[int] = None
@@ -153,6 +162,12 @@ class QuickstartConfig:
                 setattr(self, name, getattr(defaults, name))
         if self.validate_at_start is None:
             self.validate_at_start = self.validate_at_end and defaults is not None and defaults.validate_at_start
+        # an unknown dataset (validate() names it) takes DataDefaults' own
+        if self.steps is None:
+            self.steps = defaults.steps if defaults else DataDefaults.steps
+        if self.minibatches is None:
+            wanted = defaults.minibatches if defaults else DataDefaults.minibatches
+            self.minibatches = wanted if self.prompts_per_step % wanted == 0 else 1
 
     def cpu_backend(self) -> CpuBackendConfig:
         ranks, sampler_ranks = self.ranks, self.separate_sampler_ranks

@@ -43,6 +43,7 @@ def _cfg(tmp_path, model, trainer, ranks, ray_address, algorithm="grpo", steps=2
         steps=steps,
         prompts_per_step=4,
         samples_per_prompt=2,  # smallest GRPO group; 8 samples split evenly over 1 or 2 ranks
+        minibatches=1,  # one update per step whatever the data's default, as the sync checks below assume
         max_response_length=24,  # enough tokens for a log-prob comparison, short enough for CI
         lr=E2E_LR,
         ranks=ranks,

@@ -120,6 +120,9 @@ def _run(tmp_path, ray_cluster, verl_runner, mode: str, extra: tuple[str, ...] =
         typed,
         prompts_per_step=4,
         samples_per_prompt=2,
+        # one optimizer step per step, which these runs' counts of syncs and loads assume (the demo's own default
+        # is the dataset's two)
+        minibatches=1,
         max_response_length=response_tokens,
         lr=LR,
         # verl's GRPO: GRPO+ would mask the answers the 32-token cap truncates, and then no update moves the weights
