@@ -2,14 +2,14 @@
 # GRPO+ on generated one-function coding problems (or --data embedded: the 50 shipped ones) with verl's stock
 # entrypoint, on the CPU backend of verl-pipe.
 # Exercises verl's real code paths on a laptop or CI box, and the greedy validation accuracy rises.
-#   bash recipes/quickstart_cpu.sh                                # SmolLM2-135M-Instruct, 5 steps
+#   bash recipes/quickstart_cpu.sh                                # SmolLM2-135M-Instruct, 6 steps (as make demo)
 #   MODEL=tiny STEPS=2 bash recipes/quickstart_cpu.sh trainer.use_v1=false   # any hydra override goes last
 #   MODE=one_off_pipeline bash recipes/quickstart_cpu.sh           # a V1 trainer mode, as `quickstart --mode`
 #   DRY_RUN=1 bash recipes/quickstart_cpu.sh                       # compose + validate + print the config only
 set -euo pipefail
 
 MODEL=${MODEL:-smollm2}            # smollm2 | tiny | path to an HF model folder
-STEPS=${STEPS:-5}
+STEPS=${STEPS:-6}
 RANKS=${RANKS:-1}                  # trainer ranks (gloo); in sync mode each is also one hf rollout replica
 MODE=${MODE:-}                     # unset (sync) | separate_async | one_off_pipeline | minibatch_pipeline
                                    # | in_flight_pipeline

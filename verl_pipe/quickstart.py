@@ -52,7 +52,8 @@ class DataDefaults:
 # validation accuracy from 30.8% to 43.3% in 3 steps of 8x4 samples and to 48.3% in 6 (bench learn, sync).
 # 6 steps of 2 optimizer steps each: with one optimizer step per step, 5 steps ended anywhere from 38% to 54% (the
 # 95% intervals apart in 5 of 8 runs: 120 items need about +18 points); with two, bench learn's 9 sync runs ended
-# at 50.0-54.2% after 5 steps (docs/learning.md), and a sixth step buys the margin.
+# at 50.0-54.2% after 5 steps (docs/learning.md), and with a sixth the demo gained +13 to +28 points, the
+# intervals apart in 9 of 10 runs (docs/demo.md).
 # "embedded": the 50 coding problems shipped in the package (stdin and LeetCode-style; SmolLM2 passes 14
 # greedily, few sampled at temperature 1.0, so most steps have no learning signal).
 DATASETS: dict[str, DataDefaults] = {
