@@ -283,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["embedded", "functions"],
         help="functions (default: generated one-function problems) or embedded (the 50 shipped coding problems)",
     )
-    qs.add_argument("--steps", type=int, help="training steps (default: the dataset's, 6 for functions, 5 for embedded)")
+    qs.add_argument(
+        "--steps", type=int, help="training steps (default: the dataset's, 6 for functions, 5 for embedded)"
+    )
     qs.add_argument("--prompts-per-step", dest="prompts_per_step", type=int)
     qs.add_argument("--samples-per-prompt", dest="samples_per_prompt", type=int)
     qs.add_argument(

@@ -117,7 +117,7 @@ class QuickstartConfig:
     data: str = "functions"
     # None: the dataset's default (DATASETS).
     steps: Optional[int] = None
-    # 8 prompts x 4 samples of SmolLM2-135M: a step of about 65 s on 2 cores (vLLM rollout).
+    # 8 prompts x 4 samples of SmolLM2-135M: a step of about 80 s on 2 cores (vLLM rollout, two updates).
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
     # Optimizer steps per training step: the batch is split into this many minibatches (ppo_mini_batch_size).
